@@ -1,0 +1,55 @@
+# advmon: two commands on a fresh machine.
+#   make demo   run advmon's main job (simulated GRPO runs) with nothing else to start
+#   make test   install what the tests need, start the real services they use, run the suite
+# Both create and reuse .venv/ and are idempotent.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+# The CPU build of torch lies on these machines' disk; any other request
+# downloads a multi-GB CUDA build. The package itself accepts a range.
+TORCH_PIN := torch==2.13.0
+CORE_STAMP := $(VENV)/.advmon-core
+DEV_STAMP := $(VENV)/.advmon-dev
+SERVICE_PACKAGES := prometheus prometheus-pushgateway prometheus-alertmanager
+SERVICE_BINARIES := prometheus promtool prometheus-pushgateway prometheus-alertmanager amtool
+
+.PHONY: demo test bench services install clean
+
+demo: $(CORE_STAMP)
+	$(VENV)/bin/advmon demo
+
+test: $(DEV_STAMP) services
+	$(PY) -m pytest
+
+bench: $(DEV_STAMP)
+	$(PY) benchmarks/bench_stats.py
+
+install: $(DEV_STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(CORE_STAMP): pyproject.toml | $(PY)
+	$(PIP) install --quiet $(TORCH_PIN)
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(DEV_STAMP): pyproject.toml $(CORE_STAMP)
+	$(PIP) install --quiet $(TORCH_PIN) -e '.[dev]'
+	touch $@
+
+# Prometheus, Pushgateway and Alertmanager from Debian; the tests start them
+# themselves on 127.0.0.1 with free ports and temporary directories.
+services:
+	@missing=""; for b in $(SERVICE_BINARIES); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing$$missing from Debian packages"; \
+		if [ "$$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi; \
+		$$sudo apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $(SERVICE_PACKAGES) >/dev/null; \
+	fi
+
+clean:
+	rm -rf $(VENV) advmon-runs .pytest_cache .hypothesis

@@ -1,0 +1,111 @@
+"""advmon: advantage and reward monitoring for RL training of language models.
+
+Put one decorator on any advantage estimator, or instrument an existing estimator
+object, and every training step yields exact pre/post-normalization advantage
+statistics, reward statistics, zero-std group fractions and NaN/Inf counts.
+
+Example:
+    >>> import torch, advmon
+    >>> monitor = advmon.Monitor("quickstart", sinks=[])
+    >>> @monitor.watch
+    ... def compute_advantage(prompt_ids, rewards, mask):
+    ...     return (rewards - rewards.mean()).unsqueeze(-1).expand(mask.shape)
+    >>> _ = compute_advantage(torch.tensor([0, 0]), torch.tensor([1.0, 0.0]), torch.ones(2, 4))
+    >>> monitor.last_metrics["advantages/post_norm/max"]
+    0.5
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar, overload
+
+from advmon.errors import AdvmonConfigError, AdvmonError, AdvmonWarning
+from advmon.hooks import ArgumentNames, tap
+from advmon.hooks import instrument as _instrument
+from advmon.hooks import watch_with as _watch_with
+from advmon.monitor import Monitor, get_monitor, set_monitor
+from advmon.record import Record
+from advmon.sinks import JsonlSink, Sink, read_jsonl
+
+__all__ = [
+    "AdvmonConfigError",
+    "AdvmonError",
+    "AdvmonWarning",
+    "JsonlSink",
+    "Monitor",
+    "Record",
+    "Sink",
+    "get_monitor",
+    "instrument",
+    "read_jsonl",
+    "set_monitor",
+    "tap",
+    "watch",
+]
+
+__version__ = "0.1.0"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@overload
+def watch(fn: F) -> F: ...
+
+
+@overload
+def watch(
+    fn: None = None,
+    *,
+    rewards: str = "rewards",
+    mask: str = "mask",
+    groups: str = "prompt_ids",
+    group_size: int | None = None,
+) -> Callable[[F], F]: ...
+
+
+def watch(
+    fn: F | None = None,
+    *,
+    rewards: str = "rewards",
+    mask: str = "mask",
+    groups: str = "prompt_ids",
+    group_size: int | None = None,
+) -> F | Callable[[F], F]:
+    """Like :meth:`Monitor.watch`, on the process-wide monitor :func:`get_monitor`.
+
+    The monitor is looked up at each call, so :func:`set_monitor` after
+    decoration still takes effect.
+    """
+    names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size)
+
+    def decorate(function: F) -> F:
+        return _watch_with(function, get_monitor, names)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def instrument(
+    target: Any,
+    monitor: Monitor | None = None,
+    method: str = "compute_advantage",
+    **argument_names: Any,
+) -> Any:
+    """Wrap ``target.<method>`` of an existing estimator instance or class, in place.
+
+    Returns ``target``. Instrumenting twice does not wrap twice. ``argument_names``
+    are ``rewards=``, ``mask=``, ``groups=`` and ``group_size=`` as for
+    :meth:`Monitor.watch`. Without ``monitor``, the process-wide one is used.
+
+    Example:
+        >>> import torch, advmon
+        >>> class Estimator:
+        ...     def compute_advantage(self, prompt_ids, rewards, mask):
+        ...         return rewards - rewards.mean()
+        >>> monitor = advmon.Monitor("doc", sinks=[])
+        >>> estimator = advmon.instrument(Estimator(), monitor)
+        >>> _ = estimator.compute_advantage(None, torch.tensor([1.0, 3.0]), None)
+        >>> monitor.last_metrics["advantages/post_norm/abs_mean"]
+        1.0
+    """
+    resolve = (lambda: monitor) if monitor is not None else get_monitor
+    return _instrument(target, resolve, method, ArgumentNames(**argument_names))

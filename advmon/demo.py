@@ -1,0 +1,143 @@
+"""``advmon demo``: two simulated GRPO math runs, one stable and one going wrong.
+
+A small GRPO estimator (leave-one-out baseline, std normalization, float32 like
+NeMo-RL's) is watched with the public decorator. Each step is computed in two
+chunks inside ``monitor.step(n)``, as NeMo-RL's single controller does.
+
+* ``tp1`` learns steadily.
+* ``tp2`` goes wrong the way TP-sensitive runs do: its std is computed in one
+  float32 pass (``E[x^2] - E[x]^2``, the reduction order TP changes), so groups
+  that are identical but for one sample get a std of ~1e-4 instead of 0 and
+  advantages in the thousands; the policy collapses, so more and more groups
+  answer identically (zero std, no learning signal); late on the reward model
+  returns NaN.
+
+Rewards are graded 1.0 (correct), 0.3 (well-formatted but wrong) or 0.0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from advmon.monitor import Monitor
+from advmon.report import format_summary
+from advmon.sinks.jsonl import JsonlSink, read_jsonl
+
+__all__ = ["DemoConfig", "grpo_advantages", "run_demo"]
+
+GROUP_SIZE = 8
+PROMPTS_PER_STEP = 48
+MAX_TOKENS = 192
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    steps: int = 60
+    seed: int = 0
+    out: Path = Path("advmon-runs")
+
+
+def grpo_advantages(
+    prompt_ids: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, one_pass_std: bool = False
+) -> torch.Tensor:
+    """GRPO advantages with a leave-one-out baseline and std normalization, in float32.
+
+    Groups are contiguous blocks of ``GROUP_SIZE`` rows. With ``one_pass_std`` the
+    std of the other samples comes from ``E[x^2] - E[x]^2``, which cancels
+    catastrophically in float32 when they are (nearly) equal: the numerics of
+    ``tp2``. Otherwise it is the two-pass std, exactly 0 for equal rewards. A
+    NaN reward turns its whole group NaN. Returns a zero-stride ``[B, T]`` expand
+    view, padding not zeroed, as NeMo-RL does.
+    """
+    groups = rewards.view(-1, GROUP_SIZE)
+    others = groups[:, _OTHERS]  # [groups, G, G-1]: every sample's peers
+    baseline = others.mean(dim=-1)
+    if one_pass_std:
+        count = GROUP_SIZE - 1
+        variance = (others.square().mean(dim=-1) - baseline.square()) * count / (count - 1)
+        std = variance.sqrt().nan_to_num(0.0)
+    else:
+        std = others.std(dim=-1)
+    advantages = (groups - baseline).reshape(-1, 1)
+    std = std.reshape(-1, 1)
+    spread = std > 0
+    advantages[spread] = advantages[spread] / (std[spread] + 1e-6)
+    return advantages.expand(mask.shape)
+
+
+_OTHERS = torch.tensor([[j for j in range(GROUP_SIZE) if j != i] for i in range(GROUP_SIZE)])
+
+
+def _simulate_rewards(generator: torch.Generator, step: int, steps: int, unstable: bool) -> torch.Tensor:
+    progress = step / max(steps - 1, 1)
+    difficulty = torch.randn(PROMPTS_PER_STEP, generator=generator)
+    skill = -0.6 + 1.2 * progress
+    p_correct = torch.sigmoid(skill - difficulty).repeat_interleave(GROUP_SIZE)
+    draws = torch.rand(p_correct.shape, generator=generator)
+    formatted = torch.rand(p_correct.shape, generator=generator) < 0.7
+    rewards = torch.where(draws < p_correct, 1.0, torch.where(formatted, 0.3, 0.0))
+    if not unstable or progress < 0.35:
+        return rewards
+    groups = rewards.view(PROMPTS_PER_STEP, GROUP_SIZE)
+    # Collapse: more and more groups answer identically ...
+    collapse = min(0.9, 0.2 + 1.2 * (progress - 0.35))
+    collapsed = torch.rand(PROMPTS_PER_STEP, generator=generator) < collapse
+    groups[collapsed] = groups[collapsed, :1]
+    # ... and some are all "formatted but wrong" save one empty answer.
+    near = (~collapsed) & (torch.rand(PROMPTS_PER_STEP, generator=generator) < 0.25)
+    groups[near] = 0.3
+    odd_one = torch.randint(GROUP_SIZE, (PROMPTS_PER_STEP,), generator=generator)
+    groups[near, odd_one[near]] = 0.0
+    if progress > 0.85:
+        # The reward model starts returning NaN for a few samples.
+        broken = torch.rand(rewards.shape, generator=generator) < 0.01
+        rewards[broken] = math.nan
+    return rewards
+
+
+def _batch(generator: torch.Generator, step: int, steps: int, unstable: bool):
+    rewards = _simulate_rewards(generator, step, steps, unstable)
+    prompts = torch.randint(0, 32000, (PROMPTS_PER_STEP, 16), generator=generator)
+    prompt_ids = prompts.repeat_interleave(GROUP_SIZE, dim=0)
+    lengths = torch.randint(8, MAX_TOKENS + 1, rewards.shape, generator=generator)
+    mask = (torch.arange(MAX_TOKENS) < lengths.unsqueeze(-1)).float()
+    return prompt_ids, rewards, mask
+
+
+def simulate_run(run: str, config: DemoConfig, unstable: bool) -> Path:
+    """Write one simulated run's records to ``<out>/<run>.jsonl`` and return the path."""
+    path = config.out / f"{run}.jsonl"
+    path.unlink(missing_ok=True)  # the demo owns this file: start it afresh each time
+    generator = torch.Generator().manual_seed(config.seed * 2 + int(unstable))
+    with Monitor(run, sinks=[JsonlSink(path)], reward_range=(0.0, 1.0)) as monitor:
+        @monitor.watch
+        def compute_advantage(prompt_ids, rewards, mask):
+            return grpo_advantages(prompt_ids, rewards, mask, one_pass_std=unstable)
+
+        half = PROMPTS_PER_STEP // 2 * GROUP_SIZE
+        for step in range(config.steps):
+            prompt_ids, rewards, mask = _batch(generator, step, config.steps, unstable)
+            with monitor.step(step):
+                # Two chunks per step, the way a streaming controller calls it.
+                for chunk in (slice(0, half), slice(half, None)):
+                    compute_advantage(prompt_ids[chunk], rewards[chunk], mask[chunk])
+    return path
+
+
+def run_demo(config: DemoConfig) -> str:
+    """Simulate ``tp1`` and ``tp2`` and return the terminal summary."""
+    if config.steps < 1:
+        raise ValueError(f"steps must be at least 1, got {config.steps}")
+    runs = {"tp1": False, "tp2": True}
+    sections = [
+        f"advmon demo: GRPO math recipe, {len(runs)} runs x {config.steps} steps "
+        f"({PROMPTS_PER_STEP} prompts x {GROUP_SIZE} samples, seed {config.seed})"
+    ]
+    for run, unstable in runs.items():
+        path = simulate_run(run, config, unstable)
+        sections.append(format_summary(run, read_jsonl(path), str(path)))
+    return "\n\n".join(sections)

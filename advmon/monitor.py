@@ -1,0 +1,567 @@
+"""The monitor: owns steps, aggregation, problem accounting and emission.
+
+A :class:`Monitor` turns watched calls into records. Each call contributes device
+parts (see :mod:`advmon.stats`); a record gathers the parts of one step, crosses
+to the host once, is summarised and handed to every sink.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+import numpy as np
+import torch
+
+from advmon.errors import AdvmonConfigError, AdvmonError, AdvmonWarning
+from advmon.hooks import ActiveCall, ArgumentNames, instrument as _instrument, watch_with
+from advmon.observation import (
+    CallParts,
+    ObservationError,
+    Problem,
+    advantages_of,
+    as_tensor,
+    estimator_metrics_of,
+    observe_call,
+    observe_inputs,
+    observe_output,
+    tensor_part,
+)
+from advmon.record import REWARD_KEYS, Record, group_metrics, stage_metrics
+from advmon.sinks.base import SinkLike, sink_name
+from advmon.sinks.jsonl import JsonlSink
+from advmon.stats import HostPart, Part, pack, summarize
+
+__all__ = ["Monitor", "get_monitor", "set_monitor"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Stages whose keys every record carries, in this order.
+CORE_STAGES = ("pre_norm", "post_norm")
+
+
+def default_run_id() -> str:
+    """A readable, unique-enough run id: ``run-YYYYmmdd-HHMMSS-xxxx``."""
+    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+class Monitor:
+    """Records advantage, reward and group statistics of watched estimator calls.
+
+    Args:
+        run: the run id, used by sinks and as the JSONL file name (default: a
+            readable generated id such as ``run-20261202-181533-4f2a``).
+        sinks: where records go (objects with ``write(record)``); default: one
+            :class:`~advmon.sinks.JsonlSink` writing ``advmon-runs/<run>.jsonl``.
+        reward_range: ``(lo, hi)`` bounds of the reward, to report all-fail and
+            all-pass groups (``groups/all_low_fraction``, ``groups/all_high_fraction``).
+        strict: raise :class:`~advmon.AdvmonError` on any problem instead of
+            warning once per kind and counting it in ``advmon/internal_errors``.
+
+    Example:
+        >>> import torch, tempfile, os
+        >>> from advmon import Monitor, JsonlSink
+        >>> path = os.path.join(tempfile.mkdtemp(), "run.jsonl")
+        >>> monitor = Monitor("demo", sinks=[JsonlSink(path)])
+        >>> @monitor.watch
+        ... def compute_advantage(prompt_ids, rewards, mask):
+        ...     centered = rewards - rewards.mean()
+        ...     return centered.unsqueeze(-1).expand(mask.shape)
+        >>> adv = compute_advantage(torch.tensor([0, 0, 1, 1]), torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.ones(4, 3))
+        >>> monitor.last_metrics["groups/zero_std_fraction"], monitor.last_metrics["advantages/post_norm/count"]
+        (0.5, 12.0)
+        >>> monitor.close()
+    """
+
+    def __init__(
+        self,
+        run: str | None = None,
+        sinks: Sequence[SinkLike] | None = None,
+        *,
+        reward_range: tuple[float, float] | None = None,
+        strict: bool = False,
+    ) -> None:
+        self.run = default_run_id() if run is None else _checked_run(run)
+        self.sinks: list[SinkLike] = (
+            [JsonlSink(Path("advmon-runs") / f"{self.run}.jsonl")] if sinks is None else _checked_sinks(sinks)
+        )
+        self.reward_range = _checked_range(reward_range)
+        self.strict = bool(strict)
+        self._lock = threading.RLock()
+        self._next_step = 0
+        self._open_step: int | None = None
+        self._pending: list[CallParts] = []
+        self._internal_errors = 0
+        self._warned: set[str] = set()
+        self._last_record: Record | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ public API
+
+    @overload
+    def watch(self, fn: F) -> F: ...
+
+    @overload
+    def watch(
+        self,
+        fn: None = None,
+        *,
+        rewards: str = "rewards",
+        mask: str = "mask",
+        groups: str = "prompt_ids",
+        group_size: int | None = None,
+    ) -> Callable[[F], F]: ...
+
+    def watch(
+        self,
+        fn: F | None = None,
+        *,
+        rewards: str = "rewards",
+        mask: str = "mask",
+        groups: str = "prompt_ids",
+        group_size: int | None = None,
+    ) -> F | Callable[[F], F]:
+        """Decorate an estimator function or method; use bare or with argument names.
+
+        Arguments are bound by name (positional and keyword calls both work);
+        ``rewards``, ``mask`` and ``groups`` name the estimator's parameters, and
+        ``group_size`` groups contiguous blocks instead.
+
+        Example:
+            >>> monitor = Monitor("doc", sinks=[])
+            >>> @monitor.watch(rewards="token_level_rewards", mask="response_mask", groups="index")
+            ... def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6):
+            ...     scores = token_level_rewards.sum(-1)
+            ...     return (scores - scores.mean()).unsqueeze(-1) * response_mask
+            >>> compute_grpo_outcome_advantage.__name__
+            'compute_grpo_outcome_advantage'
+        """
+        names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size)
+
+        def decorate(function: F) -> F:
+            return watch_with(function, lambda: self, names)
+
+        return decorate(fn) if fn is not None else decorate
+
+    def instrument(self, target: Any, method: str = "compute_advantage", **argument_names: Any) -> Any:
+        """Wrap ``target.method`` (an estimator instance or class) in place; see :func:`advmon.instrument`."""
+        return _instrument(target, lambda: self, method, ArgumentNames(**argument_names))
+
+    def observe(
+        self,
+        *,
+        rewards: Any = None,
+        advantages: Any = None,
+        mask: Any = None,
+        groups: Any = None,
+        pre_norm: Any = None,
+        group_size: int | None = None,
+    ) -> None:
+        """Record advantages computed inline, without a decorator (e.g. TRL's GRPOTrainer).
+
+        Inside ``with monitor.step(n)`` this joins the step's record; otherwise it
+        is a record of its own.
+
+        Example:
+            >>> monitor = Monitor("doc", sinks=[])
+            >>> r = torch.tensor([1.0, 0.0, 1.0, 1.0])
+            >>> monitor.observe(rewards=r, advantages=r - r.mean(), group_size=2)
+            >>> monitor.last_metrics["groups/zero_std_count"]
+            1.0
+        """
+        if self._refuse_closed():
+            return
+        problems: list[Problem] = []
+        try:
+            with torch.no_grad():
+                taps: dict[str, list[Part]] = {}
+                if pre_norm is not None:
+                    taps["pre_norm"] = [tensor_part(_required_tensor(pre_norm, "pre_norm"), as_tensor(mask, "mask"))]
+                parts = observe_call(
+                    estimator="observe",
+                    rewards=rewards,
+                    advantages=advantages,
+                    mask=mask,
+                    groups=groups,
+                    group_size=group_size,
+                    taps=taps,
+                    reward_range=self.reward_range,
+                    problems=problems,
+                    rewards_expected=False,
+                )
+        except ObservationError as error:
+            self._report([error.problem])
+            return
+        except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the caller's
+            self._report([_internal_problem(exc)], cause=exc)
+            return
+        self._report(problems)
+        self._add(parts)
+
+    @contextmanager
+    def step(self, step: int) -> Iterator[Monitor]:
+        """Aggregate every watched call inside the block into one record for ``step``.
+
+        NeMo-RL's single controller calls the estimator once per chunk of a step;
+        sums, counts, extrema and histograms are merged, so the record equals the
+        one a single call on the whole batch would give.
+
+        Raises:
+            AdvmonConfigError: ``step`` is not a non-negative int.
+            AdvmonError: a step is already open on this monitor.
+        """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise AdvmonConfigError(f"step must be a non-negative int, got {step!r}")
+        with self._lock:
+            if self._open_step is not None:
+                raise AdvmonError(f"monitor.step({step}) inside monitor.step({self._open_step}): steps do not nest")
+            self._open_step = int(step)
+            self._pending = []
+        failed = False
+        try:
+            yield self
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            with self._lock:
+                calls, self._pending, self._open_step = self._pending, [], None
+                self._next_step = max(self._next_step, int(step) + 1)
+            if calls:
+                # While the block's own exception propagates, advmon must not replace it.
+                self._emit(int(step), calls, quiet=failed)
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        """The latest record's metrics (``nan`` where unavailable), to merge into a trainer's own."""
+        record = self._last_record
+        return dict(record.metrics) if record is not None else {}
+
+    @property
+    def last_record(self) -> Record | None:
+        """The latest record, or ``None`` before the first."""
+        return self._last_record
+
+    @property
+    def internal_errors(self) -> int:
+        """How many problems advmon met so far (also ``advmon/internal_errors``)."""
+        return self._internal_errors
+
+    def close(self) -> None:
+        """Emit what an open step holds, flush and close every sink. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            calls, self._pending = self._pending, []
+            step = self._open_step
+        if calls and step is not None:
+            self._emit(step, calls)
+        for sink in self.sinks:
+            for action in ("flush", "close"):
+                method = getattr(sink, action, None)
+                if method is None:
+                    continue
+                try:
+                    method()
+                except Exception as exc:  # noqa: BLE001 - a broken sink must not break shutdown
+                    self._report([Problem(f"sink:{sink_name(sink)}", f"sink {sink_name(sink)} failed to {action}: {exc}")], quiet=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Monitor(run={self.run!r}, sinks={self.sinks!r}, strict={self.strict})"
+
+    # ------------------------------------------------------------------ hooks' side
+
+    def _start_call(
+        self, estimator: str, inputs: dict[str, Any] | None, owner: Any, names: ArgumentNames
+    ) -> ActiveCall | None:
+        """Begin recording a watched call; ``None`` means: just run the estimator.
+
+        Inputs are observed now, before the estimator could change them in place.
+        """
+        if self._refuse_closed():
+            return None
+        call = ActiveCall(monitor=self, estimator=estimator, inputs=inputs or {}, owner=owner)
+        if inputs is None:
+            call.problems.append(
+                Problem("signature", f"could not bind the arguments of {estimator} to its signature")
+            )
+        try:
+            with torch.no_grad():
+                call.seen = observe_inputs(
+                    estimator=estimator,
+                    rewards=call.inputs.get("rewards"),
+                    mask=call.inputs.get("mask"),
+                    groups=call.inputs.get("groups"),
+                    group_size=names.group_size,
+                    reward_range=self.reward_range,
+                    problems=call.problems,
+                )
+        except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the estimator's
+            call.problems.append(_internal_problem(exc))
+        return call
+
+    def _finish_call(self, call: ActiveCall, result: Any) -> None:
+        """Observe a call that returned; never raises unless ``strict``."""
+        try:
+            with torch.no_grad():
+                parts = self._observe_result(call, result)
+        except ObservationError as error:
+            self._report(call.problems + [error.problem])
+            return
+        except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the estimator's
+            self._report(call.problems + [_internal_problem(exc)], cause=exc)
+            return
+        self._report(call.problems)
+        self._add(parts)
+
+    def _observe_result(self, call: ActiveCall, result: Any) -> CallParts:
+        if call.seen is None:
+            raise ObservationError("internal", "the call's inputs could not be observed")
+        advantages = None
+        if not call.taps.get("post_norm"):
+            try:
+                advantages = advantages_of(result)
+            except ObservationError as error:  # still record the rewards and groups
+                call.problems.append(error.problem)
+        parts = observe_output(
+            call.seen,
+            advantages=advantages,
+            taps=call.taps,
+            reward_range=self.reward_range,
+            problems=call.problems,
+        )
+        parts.estimator_metrics = _numeric_metrics(estimator_metrics_of(result, call.owner), call.problems)
+        return parts
+
+    def _record_tap(self, call: ActiveCall, stage: str, tensor: Any, mask: Any) -> None:
+        """Statistics of a tapped tensor, taken now (the estimator may change it next)."""
+        try:
+            if not isinstance(stage, str) or not stage.replace("_", "").isalnum():
+                raise ObservationError("tap_stage", f"tap stage must be a word like 'pre_norm', got {stage!r}")
+            with torch.no_grad():
+                values = _required_tensor(tensor, stage)
+                mask_t = as_tensor(mask, "mask") if mask is not None else _matching_mask(call, values)
+                call.taps.setdefault(stage, []).append(tensor_part(values, mask_t))
+        except ObservationError as error:
+            call.problems.append(error.problem)
+        except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the estimator's
+            call.problems.append(_internal_problem(exc))
+
+    # ------------------------------------------------------------------ records
+
+    def _add(self, parts: CallParts) -> None:
+        with self._lock:
+            if self._open_step is not None:
+                self._pending.append(parts)
+                return
+            step = self._next_step
+            self._next_step += 1
+        self._emit(step, [parts])
+
+    def _emit(self, step: int, calls: list[CallParts], quiet: bool = False) -> None:
+        try:
+            record = self._build_record(step, calls, quiet)
+        except AdvmonError:
+            if quiet:
+                return
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self._report([_internal_problem(exc)], cause=exc, quiet=quiet)
+            return
+        self._last_record = record
+        for sink in self.sinks:
+            try:
+                sink.write(record)
+            except Exception as exc:  # noqa: BLE001 - a broken sink must not break training
+                name = sink_name(sink)
+                self._report([Problem(f"sink:{name}", f"sink {name} failed to write: {exc}")], quiet=quiet)
+
+    def _build_record(self, step: int, calls: list[CallParts], quiet: bool) -> Record:
+        tensors: list[torch.Tensor] = []
+        for call in calls:
+            for parts in call.stages.values():
+                for part in parts:
+                    tensors.extend(part.tensors)
+            if call.groups is not None:
+                tensors.append(call.groups)
+            tensors.extend(v for v in call.estimator_metrics.values() if isinstance(v, torch.Tensor))
+        arrays = iter(pack(tensors))  # the record's one crossing to the host
+
+        stage_parts: dict[str, list[HostPart]] = {}
+        group_totals: np.ndarray | None = None
+        estimator_metrics: dict[str, float] = {}
+        for call in calls:
+            for stage, parts in call.stages.items():
+                for part in parts:
+                    host = HostPart(part.kind, tuple(next(arrays) for _ in part.tensors))
+                    stage_parts.setdefault(stage, []).append(host)
+            if call.groups is not None:
+                counts = next(arrays)
+                group_totals = counts.copy() if group_totals is None else group_totals + counts
+            for key, value in call.estimator_metrics.items():
+                number = float(next(arrays)[0]) if isinstance(value, torch.Tensor) else float(value)
+                estimator_metrics[f"estimator/{key}"] = number
+
+        summaries = {stage: summarize(parts) for stage, parts in stage_parts.items()}
+        problems = _record_problems(summaries, stage_parts)
+        self._report(problems, quiet=quiet)
+
+        metrics = stage_metrics("rewards", summaries.get("rewards", {}), REWARD_KEYS)
+        extra_stages = sorted(set(summaries) - set(CORE_STAGES) - {"rewards"})
+        for stage in (*CORE_STAGES, *extra_stages):
+            metrics.update(stage_metrics(f"advantages/{stage}", summaries.get(stage, {})))
+        metrics.update(group_metrics(None if group_totals is None else group_totals.tolist(), self.reward_range))
+        metrics.update(estimator_metrics)
+        metrics["advmon/internal_errors"] = float(self._internal_errors)
+        return Record(
+            run=self.run,
+            step=step,
+            time=time.time(),
+            estimator=",".join(dict.fromkeys(call.estimator for call in calls)),
+            pre_norm_source=_combined_source(calls),
+            metrics=metrics,
+        )
+
+    # ------------------------------------------------------------------ problems
+
+    def _refuse_closed(self) -> bool:
+        if self._closed:
+            self._report([Problem("closed", "the monitor is closed; calls are no longer recorded")], quiet=True)
+        return self._closed
+
+    def _report(self, problems: list[Problem], cause: BaseException | None = None, quiet: bool = False) -> None:
+        """Count problems, warn once per kind, or raise in strict mode."""
+        if not problems:
+            return
+        with self._lock:
+            self._internal_errors += len(problems)
+            fresh = [p for p in problems if p.kind not in self._warned]
+            self._warned.update(p.kind for p in fresh)
+        if self.strict and not quiet:
+            raise AdvmonError("; ".join(p.message for p in problems)) from cause
+        for problem in fresh:
+            warnings.warn(
+                f"advmon: {problem.message} [{problem.kind}; counted in advmon/internal_errors, "
+                "not repeated]",
+                AdvmonWarning,
+                stacklevel=4,
+            )
+
+
+def _record_problems(summaries: dict[str, dict[str, float]], parts: dict[str, list[HostPart]]) -> list[Problem]:
+    post = summaries.get("post_norm")
+    if post is None or post["count"] > 0:
+        return []
+    entries = sum(p.arrays[0].size if p.kind == "exact" else 1 for p in parts["post_norm"])
+    if entries == 0:
+        return []
+    return [Problem("empty_mask", "the mask selects no position: post-normalization statistics are empty")]
+
+
+def _combined_source(calls: list[CallParts]) -> str | None:
+    sources = {call.pre_norm_source for call in calls} - {None}
+    if not sources:
+        return None
+    return sources.pop() if len(sources) == 1 else "mixed"
+
+
+def _numeric_metrics(metrics: dict[str, Any], problems: list[Problem]) -> dict[str, float | torch.Tensor]:
+    numeric: dict[str, float | torch.Tensor] = {}
+    for key, value in metrics.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+            numeric[str(key)] = value.detach().reshape(1)
+        elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+            numeric[str(key)] = float(value)
+        elif isinstance(value, bool):
+            numeric[str(key)] = float(value)
+        else:
+            problems.append(
+                Problem("estimator_metric", f"estimator metric {key!r} is not a number ({type(value).__name__}); skipped")
+            )
+    return numeric
+
+
+def _required_tensor(value: Any, name: str) -> torch.Tensor:
+    tensor = as_tensor(value, name)
+    if tensor is None:
+        raise ObservationError(f"{name}_type", f"{name} is None")
+    return tensor
+
+
+def _matching_mask(call: ActiveCall, values: torch.Tensor) -> torch.Tensor | None:
+    mask = call.seen.mask if call.seen is not None else None
+    return mask if mask is not None and tuple(mask.shape) == tuple(values.shape) else None
+
+
+def _internal_problem(exc: BaseException) -> Problem:
+    return Problem("internal", f"internal error {type(exc).__name__}: {exc}")
+
+
+def _checked_run(run: Any) -> str:
+    if not isinstance(run, str) or not run.strip():
+        raise AdvmonConfigError(f"run must be a non-empty string, got {run!r}")
+    if any(c in run for c in "/\\\0") or run in {".", ".."}:
+        raise AdvmonConfigError(f"run {run!r} must not contain path separators (it names the JSONL file)")
+    return run
+
+
+def _checked_sinks(sinks: Sequence[SinkLike]) -> list[SinkLike]:
+    if isinstance(sinks, (str, bytes)) or not isinstance(sinks, Sequence):
+        raise AdvmonConfigError(f"sinks must be a list of sink objects, got {type(sinks).__name__}")
+    for sink in sinks:
+        if not callable(getattr(sink, "write", None)):
+            raise AdvmonConfigError(f"{sink!r} is not a sink: it has no write(record) method")
+    return list(sinks)
+
+
+def _checked_range(reward_range: Any) -> tuple[float, float] | None:
+    if reward_range is None:
+        return None
+    try:
+        low, high = (float(v) for v in reward_range)
+    except (TypeError, ValueError):
+        raise AdvmonConfigError(f"reward_range must be (lo, hi), got {reward_range!r}") from None
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise AdvmonConfigError(f"reward_range must be finite with lo < hi, got {reward_range!r}")
+    return (low, high)
+
+
+_default_monitor: Monitor | None = None
+_default_lock = threading.Lock()
+
+
+def get_monitor() -> Monitor:
+    """The process-wide default monitor behind :func:`advmon.watch`, created on first use."""
+    global _default_monitor
+    with _default_lock:
+        if _default_monitor is None or _default_monitor.closed:
+            _default_monitor = Monitor()
+        return _default_monitor
+
+
+def set_monitor(monitor: Monitor | None) -> Monitor | None:
+    """Make ``monitor`` the process-wide default; returns the previous one."""
+    global _default_monitor
+    if monitor is not None and not isinstance(monitor, Monitor):
+        raise AdvmonConfigError(f"expected a Monitor, got {type(monitor).__name__}")
+    with _default_lock:
+        previous, _default_monitor = _default_monitor, monitor
+    return previous

@@ -1,0 +1,310 @@
+"""From one estimator call (its inputs and what it returned) to device parts.
+
+Pure functions over tensors: nothing here warns, counts or emits. What cannot be
+used is reported as a :class:`Problem` and the rest is still observed, so a
+monitor can record what it can and say what it could not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from advmon.groups import GroupsError, derived_pre_norm, group_counts, group_ids
+from advmon.stats import EXACT_LIMIT, Part, dense_part, row_valid_counts, value_part
+
+__all__ = [
+    "CallParts",
+    "Problem",
+    "advantages_of",
+    "estimator_metrics_of",
+    "InputObservation",
+    "observe_call",
+    "observe_inputs",
+    "observe_output",
+    "tensor_part",
+]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something advmon could not use; ``kind`` groups problems for warnings."""
+
+    kind: str
+    message: str
+
+
+class ObservationError(Exception):
+    """Raised inside this module and turned into a :class:`Problem`."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.problem = Problem(kind, message)
+
+
+@dataclass
+class CallParts:
+    """Everything one call contributes to a record, still on the device."""
+
+    estimator: str
+    stages: dict[str, list[Part]] = field(default_factory=dict)
+    pre_norm_source: str | None = None
+    groups: torch.Tensor | None = None
+    estimator_metrics: dict[str, float | torch.Tensor] = field(default_factory=dict)
+
+
+def as_tensor(value: Any, name: str) -> torch.Tensor | None:
+    """A detached tensor view of ``value`` (tensor, NumPy array or list of numbers)."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+        return torch.from_numpy(value)
+    if isinstance(value, (list, tuple)):
+        try:
+            return torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise ObservationError(
+        f"{name}_type", f"expected {name} as a tensor or numeric array, got {type(value).__name__}"
+    )
+
+
+def advantages_of(result: Any) -> Any:
+    """The advantages in what an estimator returned.
+
+    A tensor (or array) itself, the first element of a tuple or list, the
+    ``advantages`` attribute (NeMo-RL's ``AdvantageResult``), or the
+    ``"advantages"`` key of a mapping.
+    """
+    if isinstance(result, (torch.Tensor, np.ndarray)):
+        return result
+    if isinstance(result, (tuple, list)) and result:
+        return result[0]
+    if isinstance(result, Mapping):
+        if "advantages" in result:
+            return result["advantages"]
+    elif hasattr(result, "advantages"):
+        return result.advantages
+    raise ObservationError(
+        "output",
+        "the estimator returned "
+        f"{type(result).__name__}; expected a tensor, a tuple starting with one, an object "
+        "with .advantages or a mapping with 'advantages'",
+    )
+
+
+def estimator_metrics_of(result: Any, estimator: Any) -> dict[str, Any]:
+    """Metrics the estimator reports itself: its ``last_metrics``, then ``result.metrics``."""
+    metrics: dict[str, Any] = {}
+    for source in (getattr(estimator, "last_metrics", None), _result_metrics(result)):
+        if isinstance(source, Mapping):
+            metrics.update(source)
+    return metrics
+
+
+def _result_metrics(result: Any) -> Any:
+    if isinstance(result, Mapping):
+        return result.get("metrics")
+    if isinstance(result, (torch.Tensor, np.ndarray, tuple, list)):
+        return None
+    return getattr(result, "metrics", None)
+
+
+def tensor_part(values: torch.Tensor, mask: torch.Tensor | None) -> Part:
+    """Statistics part of an advantages-like tensor under the call's mask.
+
+    ``[B]`` and ``[B, 1]`` tensors are per sequence (the mask does not apply).
+    Otherwise positions where ``mask > 0`` count, or every position without a
+    mask; a zero-stride ``expand`` view is summarised from its ``B`` distinct
+    values weighted by each row's number of valid positions.
+    """
+    if values.dim() == 0:
+        raise ObservationError("advantages_shape", "advantages are a scalar; expected [B] or [B, T]")
+    if values.is_complex():
+        raise ObservationError("advantages_dtype", f"advantages have complex dtype {values.dtype}")
+    if values.dim() == 1 or (values.dim() == 2 and values.shape[1] == 1):
+        return value_part(values.reshape(-1))
+    if mask is not None and tuple(mask.shape) != tuple(values.shape):
+        raise ObservationError(
+            "mask_shape",
+            f"mask of shape {list(mask.shape)} does not match advantages of shape "
+            f"{list(values.shape)}; post-normalization statistics skipped",
+        )
+    if mask is not None and mask.device != values.device:
+        mask = mask.to(values.device)
+    rows = values.shape[0]
+    if values.dim() == 2 and values.stride(1) == 0 and rows <= EXACT_LIMIT:
+        per_row = values[:, 0]
+        if mask is None:
+            weights = torch.full((rows,), float(values.shape[1]), dtype=torch.float64, device=values.device)
+        else:
+            weights = row_valid_counts(mask)
+        return value_part(per_row, weights)
+    flat = values.reshape(rows, -1)
+    return dense_part(flat, None if mask is None else mask.reshape(rows, -1))
+
+
+def _sequence_rewards(rewards: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Per-sequence rewards: ``[B]``, ``[B, 1]``, or token-level ``[B, T]`` summed over tokens."""
+    if rewards.dim() == 1:
+        return rewards
+    if rewards.dim() == 2 and rewards.shape[1] == 1:
+        return rewards[:, 0]
+    if rewards.dim() == 2 and (mask is None or tuple(mask.shape) == tuple(rewards.shape)):
+        # Token-level rewards (verl's token_level_rewards): the sequence's score is
+        # their sum, exactly as verl's outcome estimators compute it.
+        return rewards.sum(dim=-1, dtype=torch.float64)
+    raise ObservationError(
+        "rewards_shape", f"expected rewards of shape [B], [B, 1] or [B, T], got {list(rewards.shape)}"
+    )
+
+
+@dataclass
+class InputObservation:
+    """What a call's inputs say, taken before the estimator runs (it may change them in place)."""
+
+    parts: CallParts
+    rewards: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    group_ids: torch.Tensor | None = None
+    groups: Any = None
+    group_size: int | None = None
+
+
+def observe_inputs(
+    *,
+    estimator: str,
+    rewards: Any,
+    mask: Any,
+    groups: Any,
+    group_size: int | None,
+    reward_range: tuple[float, float] | None,
+    problems: list[Problem],
+    rewards_expected: bool = True,
+) -> InputObservation:
+    """Rewards, groups and the derived pre_norm of one call, from its inputs alone.
+
+    Missing rewards are a problem for a watched estimator (its rewards argument
+    was not found or was None), not for ``rewards_expected=False`` observations.
+    """
+    seen = InputObservation(CallParts(estimator=estimator), groups=groups, group_size=group_size)
+    seen.mask = _attempt(problems, lambda: as_tensor(mask, "mask"))
+    if rewards is not None or rewards_expected:
+        seen.rewards = _attempt(problems, lambda: _rewards(rewards, seen.mask))
+    if seen.rewards is None:
+        return seen
+    parts = seen.parts
+    parts.stages["rewards"] = [value_part(seen.rewards)]
+    batch = seen.rewards.shape[0]
+    seen.group_ids = _attempt(problems, lambda: _group_ids(groups, group_size, batch, seen.rewards))
+    parts.groups = group_counts(seen.rewards, seen.group_ids, reward_range)
+    parts.stages["pre_norm"] = [value_part(derived_pre_norm(seen.rewards, seen.group_ids))]
+    parts.pre_norm_source = "derived"
+    return seen
+
+
+def observe_output(
+    seen: InputObservation,
+    *,
+    advantages: Any,
+    taps: Mapping[str, list[Part]],
+    reward_range: tuple[float, float] | None,
+    problems: list[Problem],
+) -> CallParts:
+    """Complete an :class:`InputObservation` with what the estimator returned and tapped."""
+    parts = seen.parts
+    if taps.get("pre_norm"):
+        parts.pre_norm_source = "tap"
+    parts.stages.update({stage: list(found) for stage, found in taps.items() if found})
+    advantages_t = _attempt(problems, lambda: as_tensor(advantages, "advantages"))
+    if advantages_t is not None and "post_norm" not in parts.stages:
+        post = _attempt(problems, lambda: tensor_part(advantages_t, seen.mask))
+        if post is not None:
+            parts.stages["post_norm"] = [post]
+    batch = _batch_size(seen.rewards, advantages_t, problems)
+    if parts.groups is None and batch is not None:
+        # Without rewards, groups can still be counted from the advantages' batch.
+        ids = _attempt(problems, lambda: _group_ids(seen.groups, seen.group_size, batch, None))
+        parts.groups = group_counts(None, ids, reward_range)
+    return parts
+
+
+def observe_call(
+    *,
+    estimator: str,
+    rewards: Any,
+    advantages: Any,
+    mask: Any,
+    groups: Any,
+    group_size: int | None,
+    taps: Mapping[str, list[Part]],
+    reward_range: tuple[float, float] | None,
+    problems: list[Problem],
+    rewards_expected: bool = True,
+) -> CallParts:
+    """Observe one call at once (inputs and output); see :func:`observe_inputs`."""
+    seen = observe_inputs(
+        estimator=estimator,
+        rewards=rewards,
+        mask=mask,
+        groups=groups,
+        group_size=group_size,
+        reward_range=reward_range,
+        problems=problems,
+        rewards_expected=rewards_expected,
+    )
+    return observe_output(seen, advantages=advantages, taps=taps, reward_range=reward_range, problems=problems)
+
+
+def _attempt(problems: list[Problem], compute):
+    try:
+        return compute()
+    except ObservationError as error:
+        problems.append(error.problem)
+    except GroupsError as error:
+        problems.append(Problem("groups", f"groups ignored: {error}"))
+    return None
+
+
+def _rewards(rewards: Any, mask: torch.Tensor | None) -> torch.Tensor | None:
+    tensor = as_tensor(rewards, "rewards")
+    if tensor is None:
+        raise ObservationError(
+            "no_rewards",
+            "no rewards were passed (None or missing); reward statistics, zero-std groups and "
+            "the derived pre_norm are unavailable. Map the argument with watch(rewards=...) or "
+            "tap 'pre_norm' inside the estimator",
+        )
+    if tensor.is_complex():
+        raise ObservationError("rewards_dtype", f"rewards have complex dtype {tensor.dtype}")
+    return _sequence_rewards(tensor, mask)
+
+
+def _batch_size(
+    rewards: torch.Tensor | None, advantages: torch.Tensor | None, problems: list[Problem]
+) -> int | None:
+    adv_batch = advantages.shape[0] if advantages is not None and advantages.dim() > 0 else None
+    if rewards is not None and adv_batch is not None and adv_batch != rewards.shape[0]:
+        problems.append(
+            Problem(
+                "length_mismatch",
+                f"{rewards.shape[0]} rewards but advantages for {adv_batch} sequences",
+            )
+        )
+    batch = rewards.shape[0] if rewards is not None else adv_batch
+    if batch == 0:
+        problems.append(Problem("empty_batch", "the batch is empty"))
+    return batch
+
+
+def _group_ids(groups: Any, group_size: int | None, batch: int | None, rewards: torch.Tensor | None):
+    if batch is None or (groups is None and group_size is None):
+        return None
+    device = rewards.device if rewards is not None else None
+    return group_ids(groups, batch, group_size=group_size, device=device)

@@ -1,0 +1,111 @@
+"""The record: what advmon knows about one training step, and its metric keys.
+
+A record is plain data (floats, no tensors) that every sink receives. Its keys
+are the contract that sinks, dashboards and alerts rely on:
+
+* ``rewards/{mean,std,min,max,count,nan_count,inf_count}`` (per sequence);
+* ``advantages/pre_norm/{...}`` and ``advantages/post_norm/{...}`` with
+  :data:`advmon.stats.VALUE_KEYS`;
+* ``groups/{count,singleton_count,zero_std_count,zero_std_fraction,nonfinite_count}``
+  and, with a reward range, ``groups/{all_low_fraction,all_high_fraction}``;
+* ``estimator/<name>`` for metrics the estimator reports itself;
+* ``advmon/internal_errors``: problems advmon met so far in this run.
+
+Unavailable values are ``nan`` in memory and ``null`` in JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from advmon.groups import GROUP_COUNT_FIELDS
+from advmon.stats import VALUE_KEYS
+
+__all__ = ["REWARD_KEYS", "Record", "group_metrics", "stage_metrics"]
+
+REWARD_KEYS = ("mean", "std", "min", "max", "count", "nan_count", "inf_count")
+_FIELD = {name: i for i, name in enumerate(GROUP_COUNT_FIELDS)}
+
+
+@dataclass(frozen=True)
+class Record:
+    """One step's metrics, as sinks receive it.
+
+    Example:
+        >>> r = Record("run-a", 3, 1700000000.0, "my.estimator", "derived", {"rewards/mean": float("nan")})
+        >>> r.to_json()
+        '{"run": "run-a", "step": 3, "time": 1700000000.0, "estimator": "my.estimator", "pre_norm_source": "derived", "metrics": {"rewards/mean": null}}'
+        >>> Record.from_json(r.to_json()).step
+        3
+    """
+
+    run: str
+    step: int
+    time: float
+    estimator: str
+    pre_norm_source: str | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; NaN and infinities become ``None``."""
+        return {
+            "run": self.run,
+            "step": self.step,
+            "time": self.time,
+            "estimator": self.estimator,
+            "pre_norm_source": self.pre_norm_source,
+            "metrics": {key: _json_number(value) for key, value in self.metrics.items()},
+        }
+
+    def to_json(self) -> str:
+        """One line of JSON (strict: no NaN literals)."""
+        return json.dumps(self.to_dict(), allow_nan=False)
+
+    @classmethod
+    def from_json(cls, line: str | Mapping[str, Any]) -> Record:
+        """Parse what :meth:`to_json` wrote; ``null`` metrics come back as ``nan``."""
+        data = json.loads(line) if isinstance(line, str) else line
+        metrics = {key: math.nan if value is None else float(value) for key, value in data["metrics"].items()}
+        return cls(
+            run=str(data["run"]),
+            step=int(data["step"]),
+            time=float(data["time"]),
+            estimator=str(data.get("estimator", "")),
+            pre_norm_source=data.get("pre_norm_source"),
+            metrics=metrics,
+        )
+
+
+def _json_number(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def stage_metrics(prefix: str, summary: Mapping[str, float], keys: tuple[str, ...] = VALUE_KEYS) -> dict[str, float]:
+    """``{prefix/key: value}`` for the given statistics (``nan`` where missing)."""
+    return {f"{prefix}/{key}": float(summary.get(key, math.nan)) for key in keys}
+
+
+def group_metrics(totals: list[float] | None, reward_range: tuple[float, float] | None) -> dict[str, float]:
+    """Group metrics from :data:`GROUP_COUNT_FIELDS` totals summed over a step's calls."""
+    if totals is None:
+        totals = [math.nan] * len(GROUP_COUNT_FIELDS)
+    comparable = totals[_FIELD["with_two_finite"]]
+    metrics = {
+        "groups/count": totals[_FIELD["groups"]],
+        "groups/singleton_count": totals[_FIELD["singletons"]],
+        "groups/zero_std_count": totals[_FIELD["zero_std"]],
+        "groups/zero_std_fraction": _ratio(totals[_FIELD["zero_std"]], comparable),
+        "groups/nonfinite_count": totals[_FIELD["nonfinite"]],
+    }
+    if reward_range is not None:
+        metrics["groups/all_low_fraction"] = _ratio(totals[_FIELD["all_low"]], comparable)
+        metrics["groups/all_high_fraction"] = _ratio(totals[_FIELD["all_high"]], comparable)
+    return metrics
+
+
+def _ratio(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else math.nan

@@ -1,0 +1,95 @@
+"""The embedded default sink: one JSON object per line, appended and flushed.
+
+Every record goes here first, so the file is the run's complete history even when
+a remote backend was down; ``advmon replay`` can send it anywhere later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import IO
+
+from advmon.errors import AdvmonConfigError, AdvmonWarning
+from advmon.record import Record
+from advmon.sinks.base import Sink
+
+__all__ = ["JsonlSink", "read_jsonl"]
+
+
+class JsonlSink(Sink):
+    """Append records to ``path`` as JSON lines, flushing each line.
+
+    The file (and its directory) is created on the first record.
+
+    Example:
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "run.jsonl")
+        >>> sink = JsonlSink(path)
+        >>> sink.write(Record("r", 0, 0.0, "est", None, {"rewards/mean": 0.5}))
+        >>> sink.close()
+        >>> [r.metrics for r in read_jsonl(path)]
+        [{'rewards/mean': 0.5}]
+    """
+
+    name = "jsonl"
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._file: IO[str] | None = None
+        self._lock = threading.Lock()
+
+    def write(self, record: Record) -> None:
+        line = record.to_json() + "\n"
+        with self._lock:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.path, "a", encoding="utf-8")
+            self._file.write(line)
+            self._file.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def __repr__(self) -> str:
+        return f"JsonlSink({str(self.path)!r})"
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[Record]:
+    """Read back the records of a JSONL file written by :class:`JsonlSink`.
+
+    A last line cut short (the process died while writing it) is skipped with a
+    warning; any other malformed line is an error naming the line.
+
+    Raises:
+        AdvmonConfigError: the file is missing or holds a malformed line.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise AdvmonConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    lines = text.split("\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(Record.from_json(line))
+        except (ValueError, KeyError, TypeError) as exc:
+            if number == len(lines) and not text.endswith("\n"):
+                warnings.warn(f"{path}: skipped a truncated last line ({number})", AdvmonWarning, stacklevel=2)
+                continue
+            detail = exc.msg if isinstance(exc, json.JSONDecodeError) else f"{type(exc).__name__}: {exc}"
+            raise AdvmonConfigError(f"{path}:{number}: not an advmon record ({detail})") from None
+    return records

@@ -1,0 +1,585 @@
+"""Pure statistics of advantages and rewards.
+
+Nothing here knows about decorators, monitors, sinks or threads. Statistics are
+computed in two halves so that a whole record crosses to the host once:
+
+1. On the tensors' device, each tensor becomes a :class:`Part`: a few small
+   tensors (exact values and weights for small inputs, or moments plus a
+   histogram for large ones). No ``.item()``, no data-dependent shapes, and no
+   reference to the caller's tensors is kept.
+2. On the host, after one transfer, :func:`summarize` merges any number of parts
+   (several calls of one training step) and finishes the statistics.
+
+Merging only ever adds counts and sums and takes minima, maxima and histogram
+bins; it never averages averages. So one step split into chunks gives the same
+record as one call on the concatenated batch.
+
+Semantics (the record's contract):
+
+* ``count`` counts every valid entry, finite or not; ``nan_count`` and
+  ``inf_count`` count the valid non-finite ones;
+* ``mean``, ``std`` (population, ddof=0), ``min``, ``max``, ``abs_mean`` and the
+  percentiles use the finite valid entries only, and are ``nan`` when there are
+  none;
+* percentiles follow NumPy's default (linear) definition. Inputs of at most
+  :data:`EXACT_LIMIT` entries get them exactly; larger ones get them from a
+  histogram whose bins are at most ``(max - min) / SKETCH_BINS`` wide, which
+  bounds the error by that width (0.2% of the range).
+
+Example:
+    >>> import torch
+    >>> stats = summarize([value_part(torch.tensor([1.0, 2.0, float("nan"), 4.0]))])
+    >>> stats["mean"], stats["count"], stats["nan_count"], stats["p50"]
+    (2.3333333333333335, 4.0, 1.0, 2.0)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Literal, Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "EXACT_LIMIT",
+    "PERCENTILES",
+    "SKETCH_BINS",
+    "VALUE_KEYS",
+    "Part",
+    "HostPart",
+    "dense_part",
+    "pack",
+    "row_valid_counts",
+    "summarize",
+    "value_part",
+]
+
+#: Inputs with at most this many entries keep their values for exact statistics.
+EXACT_LIMIT = 1 << 16
+#: A histogram bin is at most ``(max - min) / SKETCH_BINS`` wide (a power of two).
+SKETCH_BINS = 512
+_SKETCH_LEVEL_SHIFT = SKETCH_BINS.bit_length() - 1  # log2(SKETCH_BINS)
+_HIST_LEN = 2 * SKETCH_BINS + 2  # bins needed to span [min, max] at the chosen level
+_TRASH_BIN = _HIST_LEN  # invalid entries are counted here and dropped
+#: Row-chunks of about this many elements stay in L2 cache, which avoids the page
+#: faults of full-size temporaries (each costs more than the arithmetic).
+_CHUNK_ELEMENTS = 1 << 17
+
+PERCENTILES: tuple[tuple[str, float], ...] = (
+    ("p01", 0.01),
+    ("p10", 0.10),
+    ("p50", 0.50),
+    ("p90", 0.90),
+    ("p99", 0.99),
+)
+VALUE_KEYS: tuple[str, ...] = (
+    "mean",
+    "std",
+    "min",
+    "max",
+    "abs_mean",
+    "count",
+    "nan_count",
+    "inf_count",
+) + tuple(name for name, _ in PERCENTILES)
+
+# Layout of a sketch part's scalar tensor.
+# Counts and the absolute sum add up across parts; the centered sums are taken
+# around the part's own center (the midpoint of its range) and shifted to merge.
+_N_VALID, _N_NAN, _N_INF, _N_FINITE, _ABSSUM, _MIN, _MAX, _CENTER, _CSUM, _CSUMSQ, _LEVEL, _OFFSET = range(12)
+_N_SCALARS = 12
+_ADDITIVE = slice(_N_VALID, _ABSSUM + 1)
+
+
+@dataclass(frozen=True)
+class Part:
+    """Statistics of one tensor from one call, still on the tensor's device.
+
+    ``kind == "exact"``: ``tensors == (values, weights)``, float64 copies; an entry
+    with weight 0 is not valid, weight ``w`` counts it ``w`` times (a row of a
+    zero-stride expand view stands for its valid tokens).
+
+    ``kind == "sketch"``: ``tensors == (scalars, histogram)``, see :func:`dense_part`.
+    """
+
+    kind: Literal["exact", "sketch"]
+    tensors: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class HostPart:
+    """A :class:`Part` after the transfer: the same layout as NumPy arrays."""
+
+    kind: Literal["exact", "sketch"]
+    arrays: tuple[np.ndarray, ...]
+
+
+# --------------------------------------------------------------------------- device
+
+
+def value_part(values: torch.Tensor, weights: torch.Tensor | None = None) -> Part:
+    """Part for a set of values with optional per-value weights (0 = not valid).
+
+    Small sets are kept exactly; large ones are sketched.
+
+    Example:
+        >>> p = value_part(torch.tensor([1.0, 5.0]), torch.tensor([3.0, 0.0]))
+        >>> summarize([p])["count"], summarize([p])["max"]
+        (3.0, 1.0)
+    """
+    flat = values.detach().reshape(-1)
+    if weights is not None:
+        weights = weights.detach().reshape(-1)
+    if flat.numel() <= EXACT_LIMIT:
+        copy = flat.to(torch.float64, copy=True)
+        if weights is None:
+            w = torch.ones_like(copy)
+        else:
+            w = weights.to(torch.float64, copy=True).clamp_(min=0.0)
+        return Part("exact", (copy, w))
+    if weights is None:
+        return dense_part(flat.unsqueeze(0), None)
+    # Weights are entry counts (rows of an expand view): sketch the expansion.
+    expanded = flat.repeat_interleave(weights.round().to(torch.long).clamp(min=0))
+    return dense_part(expanded.unsqueeze(0), None)
+
+
+def dense_part(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
+    """Part for a 2-D tensor where ``valid`` (bool or numeric, ``> 0`` = valid) selects entries.
+
+    At most :data:`EXACT_LIMIT` entries are kept exactly; more are sketched in
+    row chunks that stay in cache: moments in float64 plus a histogram whose bin
+    width is the power of two ``2**level`` with ``level`` fixed by the range.
+
+    Example:
+        >>> x = torch.tensor([[1.0, 2.0, 9.0], [3.0, float("inf"), 0.0]])
+        >>> m = torch.tensor([[1, 1, 0], [1, 1, 0]])
+        >>> s = summarize([dense_part(x, m)])
+        >>> s["count"], s["inf_count"], s["mean"]
+        (4.0, 1.0, 2.0)
+    """
+    values = values.detach()
+    if values.dim() != 2:
+        values = values.reshape(values.shape[0] if values.dim() else 1, -1)
+    if valid is not None:
+        valid = valid.detach().reshape(values.shape)
+    if values.numel() <= EXACT_LIMIT:
+        weights = None if valid is None else _as_valid_bool(valid).to(torch.float64)
+        return value_part(values, weights)
+    return _sketch(values, valid)
+
+
+def row_valid_counts(mask: torch.Tensor) -> torch.Tensor:
+    """Number of entries ``> 0`` in each row of a 2-D mask, as float64.
+
+    A 0/1 float mask (the common case) is counted by one row sum, checked
+    exactly against a total ``count_nonzero``; anything else is counted in row
+    chunks that stay in cache (sums over bool or int tensors are many times
+    slower than float sums on CPU).
+
+    Example:
+        >>> row_valid_counts(torch.tensor([[1.0, 0.5, 0.0], [0.0, 0.0, 0.0]])).tolist()
+        [2.0, 0.0]
+    """
+    mask = mask.detach()
+    if mask.dtype.is_floating_point and mask.device.type == "cpu":
+        sums = mask.sum(dim=1, dtype=torch.float64 if mask.dtype == torch.float64 else torch.float32)
+        low, high = torch.aminmax(mask) if mask.numel() else (mask.new_zeros(()), mask.new_zeros(()))
+        # With 0 <= m <= 1, each row sum is at most its count of nonzeros (rounding
+        # cannot pass an integer), so equal totals mean every row sum is exact.
+        if low >= 0 and high <= 1 and torch.count_nonzero(mask) == sums.sum(dtype=torch.float64):
+            return sums.to(torch.float64)
+    rows, cols = mask.shape
+    counts = torch.empty(rows, dtype=torch.float64, device=mask.device)
+    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
+    weights = torch.empty((min(step, rows), cols), dtype=torch.float64, device=mask.device)
+    for start in range(0, rows, step):
+        chunk = mask[start : start + step]
+        counts[start : start + chunk.shape[0]] = _keep_weights(chunk, weights[: chunk.shape[0]]).sum(dim=1)
+    return counts
+
+
+def pack(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    """Move tensors to the host in one transfer per device and return NumPy arrays.
+
+    Everything is packed into one float64 buffer per device first, so a record
+    costs one device-to-host copy however many statistics it holds.
+    """
+    arrays: list[np.ndarray | None] = [None] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        by_device.setdefault(tensor.device, []).append(index)
+    for device, indices in by_device.items():
+        flat = torch.cat([tensors[i].reshape(-1).to(torch.float64) for i in indices])
+        host = flat.numpy() if device.type == "cpu" else flat.cpu().numpy()
+        offset = 0
+        for i in indices:
+            size = tensors[i].numel()
+            arrays[i] = host[offset : offset + size]
+            offset += size
+    return arrays  # type: ignore[return-value]
+
+
+def _as_valid_bool(valid: torch.Tensor) -> torch.Tensor:
+    return valid if valid.dtype == torch.bool else valid > 0
+
+
+def _sketch(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
+    """Moments and histogram of a large 2-D tensor, in two passes over row chunks.
+
+    Pass 1 counts and finds the range; pass 2 sums deviations from the range's
+    midpoint (so a constant tensor has a std of exactly 0) and fills the histogram.
+    Masks are applied by multiplying with 0/1 float weights: on CPU that is many
+    times faster than ``where``/``masked_fill`` with a bool mask.
+    """
+    rows, cols = values.shape
+    device = values.device
+    # Data-dependent shortcuts (skipping the finiteness masks for clean chunks) are
+    # only taken on the CPU, where looking at a value costs no device sync.
+    may_branch = device.type == "cpu"
+    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
+    buffers = [torch.empty((min(step, rows), cols), dtype=torch.float64, device=device) for _ in range(4)]
+
+    def chunks():
+        for start in range(0, rows, step):
+            height = min(step, rows - start)
+            x, weight, spare, other = (b[:height] for b in buffers)
+            x.copy_(values[start : start + step])
+            keep = None if valid is None else _keep_weights(valid[start : start + step], weight)
+            yield _Chunk(x, keep, spare, other, may_branch)
+
+    first = torch.stack([chunk.counts() for chunk in chunks()])
+    counts = first[:, :_MIN].sum(dim=0)
+    low, high = first[:, _MIN].amin(), first[:, _MAX].amax()
+    center = low / 2 + high / 2  # halves first: no overflow near the float64 limit
+    level, offset = _histogram_level(low, high)
+    factors = _scale_factors(level)
+
+    histogram = torch.zeros(_HIST_LEN + 1, dtype=torch.float64, device=device)
+    index = torch.empty(buffers[0].shape, dtype=torch.int64, device=device)
+    centered_sums = []
+    for chunk in chunks():
+        centered_sums.append(chunk.centered_sums(center))
+        bins = index[: chunk.kept.shape[0]]
+        bins.copy_(chunk.bins(factors, offset))
+        _count_bins(histogram, bins.reshape(-1))
+    scalars = torch.cat(
+        [
+            counts,
+            torch.stack([low, high, center]),
+            torch.stack(centered_sums).sum(dim=0),
+            torch.stack([level.to(torch.float64), offset]),
+        ]
+    )
+    return Part("sketch", (scalars, histogram[:_HIST_LEN]))
+
+
+class _Chunk:
+    """One row chunk, cleaned: ``kept`` is finite everywhere and 0 where excluded."""
+
+    def __init__(
+        self, x: torch.Tensor, keep: torch.Tensor | None, spare: torch.Tensor, other: torch.Tensor, may_branch: bool
+    ) -> None:
+        self.nan = None
+        if may_branch and torch.isfinite(x.sum()):
+            usable = keep  # every entry is finite: no finiteness mask needed
+        else:
+            finite = torch.isfinite(x)
+            self.nan = torch.isnan(x).to(torch.float64)
+            if keep is not None:
+                self.nan.mul_(keep)
+            x.masked_fill_(~finite, 0.0)
+            usable = finite.to(torch.float64) if keep is None else keep * finite
+        if usable is not None:
+            x.mul_(usable)
+        self.kept, self.keep, self.usable, self.spare, self.other = x, keep, usable, spare, other
+
+    def counts(self) -> torch.Tensor:
+        """[n_valid, n_nan, n_inf, n_finite, abssum, min, max]."""
+        kept, usable = self.kept, self.usable
+        n_valid = self.keep.sum() if self.keep is not None else kept.new_tensor(float(kept.numel()))
+        n_finite = usable.sum() if usable is not None else n_valid
+        n_nan = self.nan.sum() if self.nan is not None else kept.new_zeros(())
+        abssum = torch.abs(kept, out=self.spare).sum()
+        if usable is None:
+            low, high = torch.aminmax(kept)
+        else:
+            # Excluded entries are 0 in `kept`: lift them above every value for
+            # the minimum and below every value for the maximum.
+            excluded = _complement(usable, self.other)
+            low = torch.addcmul(kept, excluded, _FLOAT64_MAX, out=self.spare).amin()
+            high = torch.addcmul(kept, excluded, -_FLOAT64_MAX, out=self.spare).amax()
+            nothing = n_finite == 0
+            low = torch.where(nothing, math.inf, low)
+            high = torch.where(nothing, -math.inf, high)
+        return torch.stack([n_valid, n_nan, n_valid - n_nan - n_finite, n_finite, abssum, low, high])
+
+    def centered_sums(self, center: torch.Tensor) -> torch.Tensor:
+        """[sum(x - center), sum((x - center)^2)] over usable entries."""
+        if self.usable is None:
+            deviation = torch.sub(self.kept, center, out=self.spare)
+        else:
+            deviation = torch.addcmul(self.kept, self.usable, -center, out=self.spare)
+        flat = deviation.reshape(-1)
+        return torch.stack([flat.sum(), torch.dot(flat, flat)])
+
+    def bins(self, factors: list[torch.Tensor], offset: torch.Tensor) -> torch.Tensor:
+        """Histogram bin of every entry; excluded entries go to the trash bin."""
+        x = self.kept
+        for factor in factors:
+            x.mul_(factor)
+        x.floor_().sub_(offset)
+        if self.usable is not None:
+            x.mul_(self.usable).addcmul_(_complement(self.usable, self.other), _TRASH)
+        return x
+
+
+_FLOAT64_MAX = torch.tensor(torch.finfo(torch.float64).max, dtype=torch.float64)
+_TRASH = torch.tensor(float(_TRASH_BIN), dtype=torch.float64)
+
+
+def _complement(weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``1 - weights`` into ``out``."""
+    return torch.neg(weights, out=out).add_(1.0)
+
+
+def _keep_weights(valid: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``valid > 0`` as 0/1 float64 weights written into ``out``."""
+    out.copy_(valid)
+    if valid.dtype != torch.bool:
+        # ceil(clamp(m, 0, 1)) is 1 exactly where m > 0; NaN masks count as 0.
+        out.nan_to_num_(0.0).clamp_(0.0, 1.0).ceil_()
+    return out
+
+
+def _scale_factors(level: torch.Tensor) -> list[torch.Tensor]:
+    """Factors whose product is ``2**-level`` (two when one would overflow)."""
+    one = torch.ones((), dtype=torch.float64, device=level.device)
+    first = torch.div(-level, 2, rounding_mode="floor")
+    return [torch.ldexp(one, first), torch.ldexp(one, -level - first)]
+
+
+def _count_bins(histogram: torch.Tensor, bins: torch.Tensor) -> None:
+    if histogram.device.type == "cpu":
+        # bincount is ~3x faster than index_add_ on CPU; on CUDA it would sync.
+        histogram += torch.bincount(bins, minlength=histogram.numel())
+    else:
+        histogram.index_add_(0, bins, torch.ones((), dtype=histogram.dtype, device=histogram.device).expand(bins.numel()))
+
+
+def _count(flags: torch.Tensor) -> torch.Tensor:
+    # count_nonzero is many times faster than bool.sum() on CPU.
+    return torch.count_nonzero(flags).to(torch.float64)
+
+
+def _histogram_level(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bin width exponent and first bin index for finite values in ``[low, high]``.
+
+    The width ``2**level`` is the largest power of two with ``width <= range /
+    SKETCH_BINS``, found with ``frexp`` so that the host can recompute it bit for
+    bit. It is raised where needed so that ``|value| / width < 2**62`` (exact in
+    int64); an empty or non-finite range gets level 0.
+    """
+    spread = high - low
+    _, spread_exp = torch.frexp(spread)
+    _, largest_exp = torch.frexp(torch.maximum(low.abs(), high.abs()))
+    level = torch.where(spread > 0, spread_exp - 1 - _SKETCH_LEVEL_SHIFT, largest_exp - 62)
+    level = torch.maximum(level, largest_exp - 62)
+    ok = torch.isfinite(low) & torch.isfinite(high)
+    level = torch.where(ok, level, 0)
+    scaled = low.clone()
+    for factor in _scale_factors(level):  # exact: powers of two
+        scaled.mul_(factor)
+    offset = torch.where(ok, torch.floor(scaled), 0.0)
+    return level, offset
+
+
+# --------------------------------------------------------------------------- host
+
+
+def host_level(low: float, high: float) -> int:
+    """Host twin of the device's level rule (see ``_histogram_level``)."""
+    spread = high - low
+    largest_exp = math.frexp(max(abs(low), abs(high)))[1]
+    level = math.frexp(spread)[1] - 1 - _SKETCH_LEVEL_SHIFT if spread > 0 else largest_exp - 62
+    return max(level, largest_exp - 62)
+
+
+def summarize(parts: Iterable[Part | HostPart]) -> dict[str, float]:
+    """Finish the statistics of one stage from all its parts (see module docstring).
+
+    Device parts are transferred here; the monitor instead transfers a whole
+    record at once with :func:`pack` and passes :class:`HostPart` objects.
+
+    Returns:
+        A dict with every key of :data:`VALUE_KEYS`; unavailable values are ``nan``.
+    """
+    host_parts = [p if isinstance(p, HostPart) else to_host(p) for p in parts]
+    if host_parts and all(p.kind == "exact" for p in host_parts):
+        values = np.concatenate([p.arrays[0] for p in host_parts])
+        weights = np.concatenate([p.arrays[1] for p in host_parts])
+        return _exact_summary(values, weights)
+    return _sketch_summary(host_parts)
+
+
+def to_host(part: Part) -> HostPart:
+    """Transfer one part (convenience for tests and single-part use)."""
+    return HostPart(part.kind, tuple(pack(part.tensors)))
+
+
+def _empty_summary(count: float = 0.0, nan_count: float = 0.0, inf_count: float = 0.0) -> dict[str, float]:
+    summary = dict.fromkeys(VALUE_KEYS, math.nan)
+    summary.update(count=count, nan_count=nan_count, inf_count=inf_count)
+    return summary
+
+
+def _exact_summary(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+    valid = weights > 0
+    nan = valid & np.isnan(values)
+    finite = valid & np.isfinite(values)
+    count = float(weights[valid].sum())
+    nan_count = float(weights[nan].sum())
+    inf_count = float(weights[valid & np.isinf(values)].sum())
+    kept, kept_weights = values[finite], weights[finite]
+    n = float(kept_weights.sum())
+    summary = _empty_summary(count, nan_count, inf_count)
+    if n == 0:
+        return summary
+    mean = float(np.dot(kept_weights, kept) / n)
+    variance = float(np.dot(kept_weights, np.square(kept - mean)) / n)
+    order = np.argsort(kept, kind="stable")
+    ordered, cumulative = kept[order], np.cumsum(kept_weights[order])
+
+    def order_statistic(rank: int) -> float:
+        return float(ordered[np.searchsorted(cumulative, rank, side="right")])
+
+    summary.update(
+        mean=mean,
+        std=math.sqrt(variance),
+        min=float(ordered[0]),
+        max=float(ordered[-1]),
+        abs_mean=float(np.dot(kept_weights, np.abs(kept)) / n),
+    )
+    summary.update(_percentiles(n, order_statistic))
+    return summary
+
+
+def _percentiles(n: float, order_statistic) -> dict[str, float]:
+    """NumPy's linear percentiles from a function giving the r-th smallest value."""
+    result = {}
+    for name, q in PERCENTILES:
+        virtual = (n - 1) * q
+        below = math.floor(virtual)
+        above = min(below + 1, int(n) - 1)
+        result[name] = _lerp(order_statistic(below), order_statistic(above), virtual - below)
+    return result
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    """Interpolate exactly as ``numpy.quantile`` does (stable at both ends)."""
+    if a == b:
+        return a
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+def _sketch_summary(parts: list[HostPart]) -> dict[str, float]:
+    moments = [_moments(part) for part in parts]
+    totals = np.sum([m[_ADDITIVE] for m in moments], axis=0) if moments else np.zeros(_ABSSUM + 1)
+    summary = _empty_summary(float(totals[_N_VALID]), float(totals[_N_NAN]), float(totals[_N_INF]))
+    n = float(totals[_N_FINITE])
+    if n == 0:
+        return summary
+    with_values = [m for m in moments if m[_N_FINITE] > 0]
+    low = min(m[_MIN] for m in with_values)
+    high = max(m[_MAX] for m in with_values)
+    center = low / 2 + high / 2
+    # Shift every part's centered sums to the common center before adding them.
+    first_sum = second_sum = 0.0
+    for m in with_values:
+        shift = m[_CENTER] - center
+        first_sum += m[_CSUM] + m[_N_FINITE] * shift
+        second_sum += m[_CSUMSQ] + 2 * shift * m[_CSUM] + m[_N_FINITE] * shift * shift
+    mean_deviation = first_sum / n
+    variance = max(second_sum / n - mean_deviation * mean_deviation, 0.0)
+    summary.update(
+        mean=float(min(max(center + mean_deviation, low), high)),
+        std=math.sqrt(variance),
+        min=float(low),
+        max=float(high),
+        abs_mean=float(totals[_ABSSUM] / n),
+    )
+    level, counts, first = _merged_histogram(parts, low, high)
+    summary.update(_histogram_percentiles(n, counts, first, level, low, high))
+    return summary
+
+
+def _moments(part: HostPart) -> np.ndarray:
+    """The sketch scalars of a part (computed on the host for exact parts)."""
+    if part.kind == "sketch":
+        return part.arrays[0]
+    values, weights = part.arrays
+    valid = weights > 0
+    finite = valid & np.isfinite(values)
+    kept, w = values[finite], weights[finite]
+    scalars = np.zeros(_N_SCALARS)
+    scalars[_N_VALID] = weights[valid].sum()
+    scalars[_N_NAN] = weights[valid & np.isnan(values)].sum()
+    scalars[_N_FINITE] = w.sum()
+    scalars[_N_INF] = scalars[_N_VALID] - scalars[_N_NAN] - scalars[_N_FINITE]
+    scalars[_ABSSUM] = np.dot(w, np.abs(kept))
+    if kept.size:
+        scalars[_MIN], scalars[_MAX] = kept.min(), kept.max()
+        scalars[_CENTER] = scalars[_MIN] / 2 + scalars[_MAX] / 2
+        deviation = kept - scalars[_CENTER]
+        scalars[_CSUM] = np.dot(w, deviation)
+        scalars[_CSUMSQ] = np.dot(w, deviation * deviation)
+    return scalars
+
+
+def _merged_histogram(parts: list[HostPart], low: float, high: float) -> tuple[int, np.ndarray, int]:
+    """All parts' finite values binned at one common level: (level, counts, first bin)."""
+    level = host_level(low, high)
+    for part in parts:
+        if part.kind == "sketch" and part.arrays[0][_N_FINITE] > 0:
+            level = max(level, int(part.arrays[0][_LEVEL]))
+    first = math.floor(math.ldexp(low, -level))
+    size = math.floor(math.ldexp(high, -level)) - first + 1
+    counts = np.zeros(size)
+    for part in parts:
+        if part.kind == "sketch":
+            scalars, histogram = part.arrays
+            if scalars[_N_FINITE] == 0:
+                continue
+            occupied = np.nonzero(histogram)[0]
+            absolute = occupied.astype(np.int64) + np.int64(scalars[_OFFSET])
+            coarse = absolute >> (level - int(scalars[_LEVEL]))
+            np.add.at(counts, coarse - first, histogram[occupied])
+        else:
+            values, weights = part.arrays
+            finite = (weights > 0) & np.isfinite(values)
+            bins = np.floor(np.ldexp(values[finite], -level)).astype(np.int64) - first
+            np.add.at(counts, bins, weights[finite])
+    return level, counts, first
+
+
+def _histogram_percentiles(
+    n: float, counts: np.ndarray, first: int, level: int, low: float, high: float
+) -> dict[str, float]:
+    cumulative = np.cumsum(counts)
+    width = math.ldexp(1.0, level)
+
+    def order_statistic(rank: int) -> float:
+        if rank <= 0:
+            return low
+        if rank >= n - 1:
+            return high
+        b = int(np.searchsorted(cumulative, rank, side="right"))
+        before = cumulative[b - 1] if b else 0.0
+        left = math.ldexp(float(first + b), level)
+        estimate = left + (rank - before + 0.5) / counts[b] * width
+        return min(max(estimate, low, left), high, left + width)
+
+    return _percentiles(n, order_statistic)

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import pytest
+
+import advmon
+from advmon.record import Record
+
+
+class ListSink(advmon.Sink):
+    """A real sink that keeps records in memory."""
+
+    name = "list"
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self.closed = False
+
+    def write(self, record: Record) -> None:
+        self.records.append(record)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def sink() -> ListSink:
+    return ListSink()
+
+
+@pytest.fixture
+def monitor(sink: ListSink):
+    with advmon.Monitor("test-run", sinks=[sink]) as m:
+        yield m

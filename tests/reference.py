@@ -1,0 +1,112 @@
+"""Independent NumPy references for every statistic advmon reports.
+
+Written from the record's documented semantics, sharing no code with advmon.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+PERCENTILES = {"p01": 0.01, "p10": 0.10, "p50": 0.50, "p90": 0.90, "p99": 0.99}
+VALUE_KEYS = ("mean", "std", "min", "max", "abs_mean", "count", "nan_count", "inf_count", *PERCENTILES)
+REWARD_KEYS = ("mean", "std", "min", "max", "count", "nan_count", "inf_count")
+
+
+def value_stats(values, valid=None) -> dict[str, float]:
+    """Statistics of ``values`` over entries where ``valid > 0`` (all without it)."""
+    x = np.asarray(values, dtype=np.float64).ravel()
+    keep = np.ones(x.shape, bool) if valid is None else (np.asarray(valid, dtype=np.float64).ravel() > 0)
+    chosen = x[keep]
+    finite = chosen[np.isfinite(chosen)]
+    stats = {
+        "count": float(chosen.size),
+        "nan_count": float(np.isnan(chosen).sum()),
+        "inf_count": float(np.isinf(chosen).sum()),
+    }
+    if finite.size == 0:
+        stats.update({k: math.nan for k in ("mean", "std", "min", "max", "abs_mean", *PERCENTILES)})
+        return stats
+    stats.update(
+        mean=float(np.mean(finite)),
+        std=float(np.std(finite)),
+        min=float(np.min(finite)),
+        max=float(np.max(finite)),
+        abs_mean=float(np.mean(np.abs(finite))),
+    )
+    for name, q in PERCENTILES.items():
+        stats[name] = float(np.quantile(finite, q))
+    return stats
+
+
+def group_keys(groups) -> list:
+    """One hashable key per sample: a row of a 2-D array, or the item itself."""
+    array = np.asarray(groups)
+    if array.ndim == 2:
+        return [tuple(row.tolist()) for row in array]
+    return [item.item() if isinstance(item, np.generic) else item for item in list(groups)]
+
+
+def group_stats(rewards, keys, reward_range=None) -> dict[str, float]:
+    """Group metrics from rewards and one key per sample, with Python loops."""
+    r = np.asarray(rewards, dtype=np.float64)
+    members: dict = {}
+    for i, key in enumerate(keys):
+        members.setdefault(key, []).append(r[i])
+    comparable = zero = nonfinite = singles = low = high = 0
+    for values in members.values():
+        values = np.array(values)
+        finite = values[np.isfinite(values)]
+        singles += values.size == 1
+        nonfinite += finite.size < values.size
+        if finite.size >= 2:
+            comparable += 1
+            zero += bool(np.all(finite == finite[0]))
+            if reward_range is not None:
+                low += bool(np.all(finite <= reward_range[0]))
+                high += bool(np.all(finite >= reward_range[1]))
+    stats = {
+        "groups/count": float(len(members)),
+        "groups/singleton_count": float(singles),
+        "groups/zero_std_count": float(zero),
+        "groups/zero_std_fraction": zero / comparable if comparable else math.nan,
+        "groups/nonfinite_count": float(nonfinite),
+    }
+    if reward_range is not None:
+        stats["groups/all_low_fraction"] = low / comparable if comparable else math.nan
+        stats["groups/all_high_fraction"] = high / comparable if comparable else math.nan
+    return stats
+
+
+def derived_pre_norm(rewards, keys=None) -> np.ndarray:
+    """Each reward minus the mean of the finite rewards of its group (the batch without keys)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    keys = [0] * r.size if keys is None else keys
+    out = np.empty_like(r)
+    for key in set(keys):
+        idx = [i for i, k in enumerate(keys) if k == key]
+        finite = r[idx][np.isfinite(r[idx])]
+        mean = finite.mean() if finite.size else math.nan
+        out[idx] = r[idx] - mean
+    return out
+
+
+def assert_stats_close(got: dict, expected: dict, prefix: str = "", *, exact_percentiles: bool = True) -> None:
+    """Compare advmon's metrics with reference statistics.
+
+    Moments to 1e-9 relative; percentiles exactly (to 1e-12) or, for sketched
+    inputs, within 0.5% of (max - min) as advmon promises.
+    """
+    spread = expected.get("max", math.nan) - expected.get("min", math.nan)
+    for key, want in expected.items():
+        have = got[f"{prefix}{key}"]
+        label = f"{prefix}{key}: advmon {have!r} vs numpy {want!r}"
+        if math.isnan(want):
+            assert math.isnan(have), label
+        elif key in PERCENTILES and not exact_percentiles:
+            assert abs(have - want) <= 0.005 * spread + 1e-12, label
+        else:
+            scale = max(abs(want), abs(expected.get("max", 0.0)), abs(expected.get("min", 0.0)), 1e-300)
+            tolerance = 1e-12 if key in PERCENTILES else 1e-9
+            assert abs(have - want) <= tolerance * scale, label

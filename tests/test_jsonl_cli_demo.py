@@ -1,0 +1,90 @@
+"""The JSONL sink and reader, the CLI, and ``make demo``'s job end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+import advmon
+from advmon.cli import main
+from advmon.demo import DemoConfig, run_demo
+from advmon.record import Record
+
+
+def test_jsonl_lines_append_flush_and_read_back(tmp_path):
+    path = tmp_path / "deep" / "run.jsonl"
+    sink = advmon.JsonlSink(path)
+    first = Record("r", 0, 1.5, "est", "derived", {"a": 1.0, "b": math.nan, "c": math.inf})
+    sink.write(first)
+    line = path.read_text()  # flushed without close
+    assert json.loads(line) == {
+        "run": "r", "step": 0, "time": 1.5, "estimator": "est", "pre_norm_source": "derived",
+        "metrics": {"a": 1.0, "b": None, "c": None},
+    }
+    sink.close()
+    advmon.JsonlSink(path).write(Record("r", 1, 2.0, "est", None, {"a": 2.0}))
+    records = advmon.read_jsonl(path)
+    assert [r.step for r in records] == [0, 1]
+    assert records[0].metrics["a"] == 1.0 and math.isnan(records[0].metrics["b"])
+
+
+def test_reader_skips_a_cut_last_line_and_rejects_broken_ones(tmp_path):
+    path = tmp_path / "run.jsonl"
+    good = Record("r", 0, 0.0, "e", None, {"x": 1.0}).to_json()
+    path.write_text(good + "\n" + good[:20])
+    with pytest.warns(advmon.AdvmonWarning, match="truncated"):
+        assert len(advmon.read_jsonl(path)) == 1
+    path.write_text("not json\n" + good + "\n")
+    with pytest.raises(advmon.AdvmonConfigError, match="run.jsonl:1"):
+        advmon.read_jsonl(path)
+    with pytest.raises(advmon.AdvmonConfigError, match="cannot read"):
+        advmon.read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_demo_shows_the_unstable_run_and_not_the_stable_one(tmp_path):
+    started = time.perf_counter()
+    text = run_demo(DemoConfig(steps=40, seed=1, out=tmp_path))
+    assert time.perf_counter() - started < 30
+    tp1, tp2 = (advmon.read_jsonl(tmp_path / f"{run}.jsonl") for run in ("tp1", "tp2"))
+    assert [r.step for r in tp1] == list(range(40)) == [r.step for r in tp2]
+    stable, unstable = text.split("run tp2")
+    assert "instability signs: none" in stable
+    for sign in ("NaN/Inf rewards", "advantage outliers", "zero-std groups"):
+        assert sign in unstable
+    assert max(r.metrics["groups/zero_std_fraction"] for r in tp2) > 0.5
+    assert max(r.metrics["groups/zero_std_fraction"] for r in tp1) < 0.5
+    assert min(r.metrics["advantages/post_norm/min"] for r in tp2) < -1000
+    # Rerunning starts the files afresh instead of appending a second run.
+    run_demo(DemoConfig(steps=5, seed=1, out=tmp_path))
+    assert len(advmon.read_jsonl(tmp_path / "tp1.jsonl")) == 5
+
+
+def test_cli_demo_and_summary(tmp_path, capsys):
+    assert main(["demo", "--steps", "6", "--out", str(tmp_path)]) == 0
+    assert "run tp1" in capsys.readouterr().out
+    assert main(["summary", str(tmp_path / "tp2.jsonl")]) == 0
+    assert "run tp2 (6 records" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_clear_line(tmp_path, capsys):
+    assert main(["summary", str(tmp_path / "missing.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("advmon: error: cannot read") and err.count("\n") == 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--steps", "0"])
+    assert exit_info.value.code == 2
+    assert "positive integer" in capsys.readouterr().err
+
+
+def test_console_script_runs(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "advmon", "demo", "--steps", "3", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "advmon demo" in done.stdout

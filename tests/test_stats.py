@@ -1,0 +1,192 @@
+"""Every statistic of advmon.stats against NumPy, exact and sketched, on random and adversarial data."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from advmon import stats
+from advmon.stats import dense_part, host_level, row_valid_counts, summarize, value_part
+
+from .reference import assert_stats_close, value_stats
+
+ADVERSARIAL = [0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 1e30, -1e30, 3.4e38, -3.4e38, 1e-45, 0.3, math.nan, math.inf, -math.inf]
+
+
+@pytest.fixture
+def sketch_everything(monkeypatch):
+    """Force the histogram path for any size, to test it on small inputs."""
+    monkeypatch.setattr(stats, "EXACT_LIMIT", 0)
+
+
+def _check_dense(x: np.ndarray, valid: np.ndarray | None, *, exact: bool) -> None:
+    mask = None if valid is None else torch.from_numpy(valid)
+    got = summarize([dense_part(torch.from_numpy(x), mask)])
+    assert_stats_close(got, value_stats(x, valid), exact_percentiles=exact)
+
+
+float_arrays = hnp.arrays(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=40),
+    elements=st.one_of(st.floats(width=32, allow_nan=True, allow_infinity=True), st.sampled_from(ADVERSARIAL)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(x=float_arrays, data=st.data())
+def test_exact_statistics_match_numpy(x, data):
+    valid = data.draw(hnp.arrays(np.float32, x.shape, elements=st.sampled_from([0.0, 1.0, 0.5, -1.0])))
+    _check_dense(x, valid, exact=True)
+    _check_dense(x, None, exact=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(x=float_arrays, data=st.data())
+def test_sketched_statistics_match_numpy(x, data):
+    valid = data.draw(hnp.arrays(np.bool_, x.shape))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stats, "EXACT_LIMIT", 0)
+        _check_dense(x, valid, exact=False)
+        _check_dense(x, None, exact=False)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda rng: rng.standard_normal((300, 257)),
+        lambda rng: rng.standard_normal((300, 257)) * 1e-3 + 1000.0,  # large offset, small spread
+        lambda rng: rng.integers(0, 2, (300, 257)).astype(float),  # two values only
+        lambda rng: np.concatenate([np.zeros(80000), np.full(7, -3184.0), [7428.0]]).reshape(1, -1),
+        lambda rng: rng.exponential(size=(300, 257)) ** 6,  # heavy tail
+    ],
+    ids=["normal", "offset", "binary", "outliers", "heavy-tail"],
+)
+def test_large_inputs_are_sketched_within_tolerance(make):
+    rng = np.random.default_rng(7)
+    x = make(rng).astype(np.float32)
+    valid = rng.random(x.shape) < 0.8
+    assert x.size > stats.EXACT_LIMIT
+    part = dense_part(torch.from_numpy(x), torch.from_numpy(valid))
+    assert part.kind == "sketch"
+    got = summarize([part])
+    expected = value_stats(x, valid)
+    assert_stats_close(got, expected, exact_percentiles=False)
+    # The promise is 0.5% of the range; the construction gives 1/SKETCH_BINS.
+    spread = expected["max"] - expected["min"]
+    for name in ("p01", "p10", "p50", "p90", "p99"):
+        assert abs(got[name] - expected[name]) <= spread / stats.SKETCH_BINS + 1e-9
+
+
+def test_sketch_handles_nonfinite_values_inside_and_outside_the_mask():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((400, 300)).astype(np.float32)
+    valid = rng.random(x.shape) < 0.6
+    x[rng.random(x.shape) < 0.01] = np.nan
+    x[rng.random(x.shape) < 0.01] = np.inf
+    x[rng.random(x.shape) < 0.01] = -np.inf
+    got = summarize([dense_part(torch.from_numpy(x), torch.from_numpy(valid))])
+    assert got["nan_count"] > 0 and got["inf_count"] > 0
+    assert_stats_close(got, value_stats(x, valid), exact_percentiles=False)
+
+
+def test_no_finite_value_gives_nan_statistics_not_a_crash(sketch_everything):
+    x = torch.tensor([[math.nan, math.inf], [-math.inf, math.nan]])
+    for part in (dense_part(x, None), value_part(x.reshape(-1))):
+        got = summarize([part])
+        assert (got["count"], got["nan_count"], got["inf_count"]) == (4.0, 2.0, 2.0)
+        assert all(math.isnan(got[k]) for k in ("mean", "std", "min", "max", "abs_mean", "p50"))
+
+
+def test_empty_inputs_count_zero():
+    for part in (value_part(torch.zeros(0)), dense_part(torch.zeros(0, 5), torch.zeros(0, 5))):
+        got = summarize([part])
+        assert got["count"] == 0 and math.isnan(got["mean"])
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_chunks_merge_to_the_statistics_of_the_whole(exact, monkeypatch):
+    if not exact:
+        monkeypatch.setattr(stats, "EXACT_LIMIT", 0)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((90, 70)) * rng.exponential(size=(90, 1))).astype(np.float32)
+    valid = rng.random(x.shape) < 0.7
+    x[5, 3] = np.nan
+    whole = summarize([dense_part(torch.from_numpy(x), torch.from_numpy(valid))])
+    chunks = summarize(
+        [dense_part(torch.from_numpy(x[a:b]), torch.from_numpy(valid[a:b])) for a, b in ((0, 11), (11, 60), (60, 90))]
+    )
+    for key, value in whole.items():
+        if key.startswith("p") or key in ("min", "max", "count", "nan_count", "inf_count"):
+            assert chunks[key] == value, key  # bins and extrema merge exactly
+        else:
+            assert chunks[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
+
+
+def test_exact_and_sketched_parts_merge(monkeypatch):
+    rng = np.random.default_rng(4)
+    small = rng.standard_normal(500).astype(np.float32)
+    large = rng.standard_normal(70000).astype(np.float32)
+    merged = summarize([value_part(torch.from_numpy(small)), value_part(torch.from_numpy(large))])
+    assert_stats_close(merged, value_stats(np.concatenate([small, large])), exact_percentiles=False)
+
+
+def test_weighted_values_equal_their_expansion():
+    rng = np.random.default_rng(5)
+    values = rng.standard_normal(64)
+    weights = rng.integers(0, 9, 64).astype(float)
+    got = summarize([value_part(torch.from_numpy(values), torch.from_numpy(weights))])
+    assert_stats_close(got, value_stats(np.repeat(values, weights.astype(int))))
+
+
+def test_large_weighted_sets_equal_their_expansion():
+    rng = np.random.default_rng(6)
+    values = rng.standard_normal(stats.EXACT_LIMIT + 10)
+    weights = rng.integers(0, 3, values.size).astype(float)
+    got = summarize([value_part(torch.from_numpy(values), torch.from_numpy(weights))])
+    assert_stats_close(got, value_stats(np.repeat(values, weights.astype(int))), exact_percentiles=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.bool, torch.float64])
+def test_every_dtype_is_summarised_exactly(dtype, sketch_everything):
+    rng = np.random.default_rng(8)
+    x = torch.from_numpy(rng.standard_normal((50, 33)) * 4).to(dtype)
+    reference = x.to(torch.float64).numpy()
+    assert_stats_close(summarize([dense_part(x, None)]), value_stats(reference), exact_percentiles=False)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_row_valid_counts(mask_dtype):
+    rng = np.random.default_rng(9)
+    mask = rng.choice([0.0, 1.0, 0.25, -1.0], size=(37, 19))
+    counts = row_valid_counts(torch.from_numpy(mask).to(mask_dtype))
+    expected = (torch.from_numpy(mask).to(mask_dtype).to(torch.float64) > 0).sum(1)
+    assert counts.tolist() == expected.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(low=st.floats(-1e300, 1e300) | st.sampled_from([0.0, -1e-320, 5e-324]), width=st.floats(0, 1e300))
+def test_host_and_device_agree_on_the_histogram_level(low, width):
+    high = low + width
+    if not math.isfinite(high):
+        return
+    level, _ = stats._histogram_level(torch.tensor(low, dtype=torch.float64), torch.tensor(high, dtype=torch.float64))
+    assert int(level) == host_level(low, high)
+    if high > low:
+        bin_width = math.ldexp(1.0, host_level(low, high))
+        # At most range / SKETCH_BINS, unless values are within 2**-50 of each other
+        # relatively, where the int64 bound raises it (bins then hold one value each).
+        assert bin_width <= (high - low) / stats.SKETCH_BINS or bin_width <= max(abs(low), abs(high)) * 2**-60
+
+
+def test_percentiles_follow_numpy_linear_interpolation_exactly():
+    for n in (1, 2, 3, 10, 101, 4096):
+        x = np.random.default_rng(n).standard_normal(n)
+        got = summarize([value_part(torch.from_numpy(x))])
+        for name, q in stats.PERCENTILES:
+            assert got[name] == np.quantile(x, q), (n, name)
