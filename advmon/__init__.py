@@ -23,7 +23,7 @@ from advmon.errors import AdvmonConfigError, AdvmonError, AdvmonWarning
 from advmon.hooks import ArgumentNames, tap
 from advmon.hooks import instrument as _instrument
 from advmon.hooks import watch_with as _watch_with
-from advmon.monitor import Monitor, get_monitor, set_monitor
+from advmon.monitor import Monitor, _argument_names, get_monitor, set_monitor
 from advmon.record import Record
 from advmon.sinks import JsonlSink, Sink, read_jsonl
 
@@ -79,7 +79,7 @@ def watch(
     names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size)
 
     def decorate(function: F) -> F:
-        return _watch_with(function, get_monitor, names)
+        return _watch_with(function, None, names)
 
     return decorate(fn) if fn is not None else decorate
 
@@ -107,5 +107,4 @@ def instrument(
         >>> monitor.last_metrics["advantages/post_norm/abs_mean"]
         1.0
     """
-    resolve = (lambda: monitor) if monitor is not None else get_monitor
-    return _instrument(target, resolve, method, ArgumentNames(**argument_names))
+    return _instrument(target, monitor, method, _argument_names(argument_names))

@@ -76,8 +76,17 @@ def active_call() -> ActiveCall | None:
     return _ACTIVE.get()
 
 
-def watch_with(fn: F, resolve_monitor: Callable[[], Monitor | None], names: ArgumentNames) -> F:
-    """Wrap ``fn`` so each call is recorded by the monitor ``resolve_monitor()`` returns."""
+def _resolver(monitor: Monitor | None) -> Callable[[], Monitor | None]:
+    if monitor is not None:
+        return lambda: monitor
+    from advmon.monitor import get_monitor  # the process-wide one, looked up per call
+
+    return get_monitor
+
+
+def watch_with(fn: F, monitor: Monitor | None, names: ArgumentNames) -> F:
+    """Wrap ``fn`` so each call is recorded by ``monitor`` (``None``: the process-wide one)."""
+    resolve_monitor = _resolver(monitor)
     try:
         signature: inspect.Signature | None = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -105,8 +114,12 @@ def watch_with(fn: F, resolve_monitor: Callable[[], Monitor | None], names: Argu
         call.monitor._finish_call(call, result)
         return result
 
-    setattr(watched, _WATCHED, True)
+    setattr(watched, _WATCHED, _target_key(monitor))
     return watched  # type: ignore[return-value]
+
+
+def _target_key(monitor: Monitor | None) -> object:
+    return "default" if monitor is None else monitor
 
 
 def _bind(
@@ -139,37 +152,41 @@ def _bind(
     return inputs, owner
 
 
-def is_watched(fn: Any) -> bool:
-    """Whether ``fn`` (or the function of a bound method) is already an advmon wrapper."""
-    return bool(getattr(fn, _WATCHED, False) or getattr(getattr(fn, "__func__", None), _WATCHED, False))
+def is_watched(fn: Any, monitor: Monitor | None | object = ...) -> bool:
+    """Whether ``fn`` (or a bound method's function) is an advmon wrapper, for ``monitor`` if given."""
+    keys = [getattr(fn, _WATCHED, None), getattr(getattr(fn, "__func__", None), _WATCHED, None)]
+    keys = [k for k in keys if k is not None]
+    if monitor is ...:
+        return bool(keys)
+    return any(k is _target_key(monitor) or k == _target_key(monitor) for k in keys)
 
 
-def instrument(
-    target: Any,
-    resolve_monitor: Callable[[], Monitor | None],
-    method: str,
-    names: ArgumentNames,
-) -> Any:
-    """Wrap ``target.method`` in place (an instance or a class); idempotent."""
+def instrument(target: Any, monitor: Monitor | None, method: str, names: ArgumentNames) -> Any:
+    """Wrap ``target.method`` in place (an instance or a class); idempotent per monitor.
+
+    An instance whose class is watched by another monitor is wrapped again: the
+    instance's wrapper is the outer call, so its monitor records and the class's
+    wrapper lets the call through.
+    """
     if isinstance(target, type):
         try:
             raw = inspect.getattr_static(target, method)
         except AttributeError:
             raise AdvmonConfigError(f"{target.__qualname__} has no method {method!r}") from None
         if isinstance(raw, (staticmethod, classmethod)):
-            if not is_watched(raw.__func__):
-                setattr(target, method, type(raw)(watch_with(raw.__func__, resolve_monitor, names)))
+            if not is_watched(raw.__func__, monitor):
+                setattr(target, method, type(raw)(watch_with(raw.__func__, monitor, names)))
         elif callable(raw):
-            if not is_watched(raw):
-                setattr(target, method, watch_with(raw, resolve_monitor, names))
+            if not is_watched(raw, monitor):
+                setattr(target, method, watch_with(raw, monitor, names))
         else:
             raise AdvmonConfigError(f"{target.__qualname__}.{method} is not callable")
         return target
     bound = getattr(target, method, None)
     if bound is None or not callable(bound):
         raise AdvmonConfigError(f"{type(target).__qualname__} object has no method {method!r}")
-    if not is_watched(bound):
-        setattr(target, method, watch_with(bound, resolve_monitor, names))
+    if not is_watched(bound, monitor):
+        setattr(target, method, watch_with(bound, monitor, names))
     return target
 
 

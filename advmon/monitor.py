@@ -64,6 +64,10 @@ class Monitor:
             all-pass groups (``groups/all_low_fraction``, ``groups/all_high_fraction``).
         strict: raise :class:`~advmon.AdvmonError` on any problem instead of
             warning once per kind and counting it in ``advmon/internal_errors``.
+        step_source: for loops advmon cannot wrap in :meth:`step` (NeMo-RL's
+            asynchronous single controller): a callable giving the current training
+            step. Calls are then aggregated per step value, and a step's record is
+            emitted when a call for another step arrives, or on :meth:`flush`.
 
     Example:
         >>> import torch, tempfile, os
@@ -87,7 +91,10 @@ class Monitor:
         *,
         reward_range: tuple[float, float] | None = None,
         strict: bool = False,
+        step_source: Callable[[], int] | None = None,
     ) -> None:
+        if step_source is not None and not callable(step_source):
+            raise AdvmonConfigError(f"step_source must be a callable returning the training step, got {step_source!r}")
         self.run = default_run_id() if run is None else _checked_run(run)
         self.sinks: list[SinkLike] = (
             [JsonlSink(Path("advmon-runs") / f"{self.run}.jsonl")] if sinks is None else _checked_sinks(sinks)
@@ -98,6 +105,8 @@ class Monitor:
         self._next_step = 0
         self._open_step: int | None = None
         self._pending: list[CallParts] = []
+        self._step_source = step_source
+        self._followed: tuple[int, list[CallParts]] | None = None
         self._internal_errors = 0
         self._warned: set[str] = set()
         self._last_record: Record | None = None
@@ -146,13 +155,13 @@ class Monitor:
         names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size)
 
         def decorate(function: F) -> F:
-            return watch_with(function, lambda: self, names)
+            return watch_with(function, self, names)
 
         return decorate(fn) if fn is not None else decorate
 
     def instrument(self, target: Any, method: str = "compute_advantage", **argument_names: Any) -> Any:
         """Wrap ``target.method`` (an estimator instance or class) in place; see :func:`advmon.instrument`."""
-        return _instrument(target, lambda: self, method, ArgumentNames(**argument_names))
+        return _instrument(target, self, method, _argument_names(argument_names))
 
     def observe(
         self,
@@ -254,6 +263,13 @@ class Monitor:
         """How many problems advmon met so far (also ``advmon/internal_errors``)."""
         return self._internal_errors
 
+    def flush(self) -> None:
+        """Emit the step a ``step_source`` monitor is still collecting."""
+        with self._lock:
+            followed, self._followed = self._followed, None
+        if followed is not None:
+            self._emit(*followed)
+
     def close(self) -> None:
         """Emit what an open step holds, flush and close every sink. Idempotent."""
         with self._lock:
@@ -264,6 +280,7 @@ class Monitor:
             step = self._open_step
         if calls and step is not None:
             self._emit(step, calls)
+        self.flush()
         for sink in self.sinks:
             for action in ("flush", "close"):
                 method = getattr(sink, action, None)
@@ -368,6 +385,9 @@ class Monitor:
     # ------------------------------------------------------------------ records
 
     def _add(self, parts: CallParts) -> None:
+        if self._open_step is None and self._step_source is not None:
+            self._follow(parts)
+            return
         with self._lock:
             if self._open_step is not None:
                 self._pending.append(parts)
@@ -375,6 +395,23 @@ class Monitor:
             step = self._next_step
             self._next_step += 1
         self._emit(step, [parts])
+
+    def _follow(self, parts: CallParts) -> None:
+        """Aggregate by the step ``step_source`` gives; emit a step when the next begins."""
+        try:
+            step = int(self._step_source())  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - the user's callable failed
+            self._report([Problem("step_source", f"step_source failed: {type(exc).__name__}: {exc}")])
+            return
+        with self._lock:
+            finished = None
+            if self._followed is not None and self._followed[0] != step:
+                finished, self._followed = self._followed, None
+            if self._followed is None:
+                self._followed = (step, [])
+            self._followed[1].append(parts)
+        if finished is not None:
+            self._emit(*finished)
 
     def _emit(self, step: int, calls: list[CallParts], quiet: bool = False) -> None:
         try:
@@ -509,6 +546,15 @@ def _required_tensor(value: Any, name: str) -> torch.Tensor:
 def _matching_mask(call: ActiveCall, values: torch.Tensor) -> torch.Tensor | None:
     mask = call.seen.mask if call.seen is not None else None
     return mask if mask is not None and tuple(mask.shape) == tuple(values.shape) else None
+
+
+def _argument_names(names: dict[str, Any]) -> ArgumentNames:
+    unknown = set(names) - {"rewards", "mask", "groups", "group_size"}
+    if unknown:
+        raise AdvmonConfigError(
+            f"unknown argument name option(s) {sorted(unknown)}; expected rewards=, mask=, groups=, group_size="
+        )
+    return ArgumentNames(**names)
 
 
 def _internal_problem(exc: BaseException) -> Problem:

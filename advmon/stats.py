@@ -227,6 +227,95 @@ def _as_valid_bool(valid: torch.Tensor) -> torch.Tensor:
 
 
 def _sketch(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
+    """Moments and histogram of a large 2-D tensor (see :func:`_sketch_two_passes`).
+
+    On the CPU a finite tensor whose valid range needs the same bin width as its
+    whole range is sketched in one pass instead (the common case: padding holds
+    zeros or copies of valid values).
+    """
+    if values.device.type == "cpu":
+        part = _sketch_one_pass(values, valid)
+        if part is not None:
+            return part
+    return _sketch_two_passes(values, valid)
+
+
+def _row_chunks(values: torch.Tensor, valid: torch.Tensor | None, buffers: int):
+    """Yield (float64 copy of a row chunk, its 0/1 keep weights or None, spare buffers)."""
+    rows, cols = values.shape
+    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
+    shape = (min(step, rows), cols)
+    space = [torch.empty(shape, dtype=torch.float64, device=values.device) for _ in range(buffers + 2)]
+    for start in range(0, rows, step):
+        height = min(step, rows - start)
+        x, weight, *spare = (b[:height] for b in space)
+        x.copy_(values[start : start + step])
+        keep = None if valid is None else _keep_weights(valid[start : start + step], weight)
+        yield x, keep, spare
+
+
+def _sketch_one_pass(values: torch.Tensor, valid: torch.Tensor | None) -> Part | None:
+    """Single pass with the bin width of the whole tensor's range; ``None`` if that is not exact."""
+    whole_low, whole_high = (v.to(torch.float64) for v in torch.aminmax(values))
+    if not (torch.isfinite(whole_low) and torch.isfinite(whole_high)):
+        return None  # NaN or Inf somewhere: the two-pass sketch masks them
+    level, offset = _histogram_level(whole_low, whole_high)
+    center = whole_low / 2 + whole_high / 2
+    factors = _scale_factors(level)
+    # Excluded entries are zeroed; when 0 lies in the range their bin is in range too.
+    zero_in_range = bool(whole_low <= 0 <= whole_high)
+    histogram = torch.zeros(_HIST_LEN + 1, dtype=torch.float64)
+    index = None
+    rows = []
+    for x, keep, (spare, other) in _row_chunks(values, valid, 2):
+        # x is finite, so multiplying by the 0/1 weights zeroes excluded entries.
+        if keep is not None:
+            x.mul_(keep)
+            n_valid = keep.sum()
+        else:
+            n_valid = x.new_tensor(float(x.numel()))
+        low, high = torch.aminmax(x)
+        if keep is not None and (low == 0 or high == 0) and n_valid < x.numel():
+            # The zeros may be excluded entries: take the extrema the careful way.
+            excluded = _complement(keep, other)
+            low = torch.addcmul(x, excluded, _FLOAT64_MAX, out=spare).amin()
+            high = torch.addcmul(x, excluded, -_FLOAT64_MAX, out=spare).amax()
+        abssum = torch.abs(x, out=spare).sum()
+        if keep is None:
+            deviation = torch.sub(x, center, out=spare)
+        else:
+            deviation = torch.addcmul(x, keep, -center, out=spare)
+        flat = deviation.reshape(-1)
+        rows.append(torch.stack([n_valid, abssum, low, high, flat.sum(), torch.dot(flat, flat)]))
+        # Excluded entries (0 in x) all land in one bin, clamped into range; they
+        # are taken out of it below.
+        for factor in factors:
+            x.mul_(factor)
+        x.floor_().sub_(offset)
+        if not zero_in_range and keep is not None:
+            x.clamp_(0, _HIST_LEN)
+        if index is None or index.shape != x.shape:
+            index = torch.empty(x.shape, dtype=torch.int64)
+        index.copy_(x)
+        _count_bins(histogram, index.reshape(-1))
+    table = torch.stack(rows)
+    n_valid = table[:, 0].sum()
+    with_values = table[:, 0] > 0
+    low = torch.where(with_values, table[:, 2], math.inf).amin()
+    high = torch.where(with_values, table[:, 3], -math.inf).amax()
+    if n_valid == 0 or not torch.equal(_histogram_level(low, high)[0], level):
+        return None
+    excluded_bin = torch.clamp(-offset, 0, _HIST_LEN).to(torch.int64)
+    histogram[excluded_bin] -= values.numel() - n_valid
+    zero = n_valid.new_zeros(())
+    scalars = torch.stack(
+        [n_valid, zero, zero, n_valid, table[:, 1].sum(), low, high, center, table[:, 4].sum(), table[:, 5].sum(),
+         level.to(torch.float64), offset]
+    )
+    return Part("sketch", (scalars, histogram[:_HIST_LEN]))
+
+
+def _sketch_two_passes(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
     """Moments and histogram of a large 2-D tensor, in two passes over row chunks.
 
     Pass 1 counts and finds the range; pass 2 sums deviations from the range's
@@ -349,8 +438,10 @@ def _keep_weights(valid: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``valid > 0`` as 0/1 float64 weights written into ``out``."""
     out.copy_(valid)
     if valid.dtype != torch.bool:
-        # ceil(clamp(m, 0, 1)) is 1 exactly where m > 0; NaN masks count as 0.
-        out.nan_to_num_(0.0).clamp_(0.0, 1.0).ceil_()
+        if valid.is_floating_point():
+            out.nan_to_num_(0.0)  # a NaN mask entry is not > 0
+        # ceil(clamp(m, 0, 1)) is 1 exactly where m > 0.
+        out.clamp_(0.0, 1.0).ceil_()
     return out
 
 

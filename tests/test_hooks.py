@@ -277,3 +277,27 @@ def test_default_monitor_is_looked_up_at_call_time(sink):
         assert sink.records[-1].run == "replacement"
     finally:
         advmon.set_monitor(previous)
+
+
+def test_an_instance_can_report_to_another_monitor_than_its_class(sink):
+    class Local(GRPOLikeEstimator):
+        pass
+
+    class_sink, instance_sink = [], []
+
+    class Collect(advmon.Sink):
+        def __init__(self, target):
+            self.target = target
+
+        def write(self, record):
+            self.target.append(record)
+
+    class_monitor = advmon.Monitor("class", sinks=[Collect(class_sink)])
+    instance_monitor = advmon.Monitor("instance", sinks=[Collect(instance_sink)])
+    advmon.instrument(Local, class_monitor)
+    special = advmon.instrument(Local(), instance_monitor)
+    special.compute_advantage(*make_batch())
+    Local().compute_advantage(*make_batch())
+    assert (len(class_sink), len(instance_sink)) == (1, 1)
+    with pytest.raises(advmon.AdvmonConfigError, match="unknown argument name"):
+        advmon.instrument(Local(), class_monitor, reward="r")

@@ -434,3 +434,23 @@ def test_default_sink_writes_advmon_runs_jsonl(tmp_path, monkeypatch):
     (record,) = advmon.read_jsonl(path)
     assert record.metrics["rewards/nan_count"] == 1 and math.isnan(record.metrics["rewards/std"]) is False
     assert '"rewards/min": 1.0' in path.read_text() and "NaN" not in path.read_text()
+
+
+def test_step_source_aggregates_calls_of_one_training_step(sink):
+    class Controller:  # like NeMo-RL's single controller: chunks arrive one call at a time
+        train_steps = 0
+
+    controller = Controller()
+    prompts, rewards, mask = grpo_batch(groups=4, size=4)
+    monitor = advmon.Monitor("sc", sinks=[sink], step_source=lambda: controller.train_steps)
+    estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
+    for step in range(3):
+        controller.train_steps = step
+        estimator.compute_advantage(prompts[:8], rewards[:8], mask[:8])
+        estimator.compute_advantage(prompts[8:], rewards[8:], mask[8:])
+    assert [r.step for r in sink.records] == [0, 1]  # step 2 is still collecting
+    monitor.close()
+    assert [r.step for r in sink.records] == [0, 1, 2]
+    assert all(r.metrics["rewards/count"] == 16 for r in sink.records)
+    with pytest.raises(advmon.AdvmonConfigError, match="callable"):
+        advmon.Monitor("x", sinks=[], step_source=3)

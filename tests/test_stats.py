@@ -190,3 +190,32 @@ def test_percentiles_follow_numpy_linear_interpolation_exactly():
         got = summarize([value_part(torch.from_numpy(x))])
         for name, q in stats.PERCENTILES:
             assert got[name] == np.quantile(x, q), (n, name)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_one_pass_and_two_pass_sketches_agree(masked):
+    rng = np.random.default_rng(10)
+    x = torch.from_numpy((rng.standard_normal((300, 257)) * 3).astype(np.float32))
+    valid = torch.from_numpy((rng.random((300, 257)) < 0.6).astype(np.float32)) if masked else None
+    one = stats._sketch_one_pass(x, valid)
+    two = stats._sketch_two_passes(x, valid)
+    assert one is not None
+    a, b = summarize([one]), summarize([two])
+    for key in a:
+        assert a[key] == pytest.approx(b[key], rel=1e-12, abs=1e-12), key
+    # Same level, so the same bins once aligned on their offsets.
+    shift = int(one.tensors[0][-1] - two.tensors[0][-1])
+    h1, h2 = one.tensors[1].numpy(), two.tensors[1].numpy()
+    aligned = np.zeros(h1.size + abs(shift) + 1)
+    aligned[shift if shift > 0 else 0 :][: h1.size] += h1
+    aligned[0 if shift > 0 else -shift :][: h2.size] -= h2
+    assert not aligned.any()
+
+
+def test_one_pass_declines_when_padding_widens_the_range():
+    x = torch.randn(300, 257)
+    valid = torch.ones(300, 257)
+    valid[:, -1] = 0
+    x[:, -1] = 1e6  # excluded outliers would coarsen the bins
+    assert stats._sketch_one_pass(x, valid) is None
+    assert_stats_close(summarize([dense_part(x, valid)]), value_stats(x.numpy(), valid.numpy()), exact_percentiles=False)
