@@ -25,6 +25,7 @@ test: $(DEV_STAMP) services
 
 bench: $(DEV_STAMP)
 	$(PY) benchmarks/bench_stats.py
+	$(PY) benchmarks/bench_emit.py
 
 install: $(DEV_STAMP)
 

@@ -2,6 +2,8 @@
 
 * ``advmon demo``: simulate a stable and an unstable GRPO run, print their summaries.
 * ``advmon summary FILE...``: summarise JSONL files written by advmon.
+* ``advmon replay FILE --to SPEC``: send a file's records to a sink afterwards
+  (backfill W&B or MLflow after an outage).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from advmon.errors import AdvmonError
+from advmon.sinks.specs import SPEC_FORMS
 
 __all__ = ["entry_point", "main"]
 
@@ -47,6 +50,15 @@ def _parser() -> argparse.ArgumentParser:
 
     summary = commands.add_parser("summary", help="summarise advmon JSONL files")
     summary.add_argument("files", nargs="+", type=Path, help="JSONL files written by advmon")
+
+    replay = commands.add_parser("replay", help="send the records of a JSONL file to sinks")
+    replay.add_argument("file", type=Path, help="JSONL file written by advmon")
+    replay.add_argument(
+        "--to", dest="specs", action="append", required=True, metavar="SPEC",
+        help="sink spec, repeatable: " + SPEC_FORMS,
+    )
+    replay.add_argument("--since-step", type=_non_negative_int, default=0, help="only records from this step on")
+    replay.add_argument("--retries", type=_non_negative_int, default=3, help="attempts per record after the first")
     return parser
 
 
@@ -67,10 +79,59 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs = sorted({r.run for r in records}) or [path.stem]
                 for run in runs:
                     print(format_summary(run, [r for r in records if r.run == run], str(path)))
-    except (AdvmonError, OSError) as exc:
+        elif args.command == "replay":
+            return _replay(args.file, args.specs, args.since_step, args.retries)
+    except (AdvmonError, OSError, ModuleNotFoundError) as exc:
         print(f"advmon: error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
+    from advmon.emitter import DeliveryPolicy
+    from advmon.sinks.jsonl import read_jsonl
+    from advmon.sinks.specs import parse_spec, sink_from_spec
+
+    for spec in specs:
+        parse_spec(spec)
+    records = [r for r in read_jsonl(path) if r.step >= since_step]
+    policy = DeliveryPolicy(retries=retries)
+    failed = 0
+    for spec in specs:
+        for run in dict.fromkeys(r.run for r in records):
+            sink = sink_from_spec(spec, run)
+            attach = getattr(sink, "attach", None)
+            if callable(attach):
+                attach(run=run, sink_names=[spec.partition(":")[0]])
+            sent = 0
+            for record in (r for r in records if r.run == run):
+                if _write_with_retries(sink, record, policy):
+                    sent += 1
+                else:
+                    failed += 1
+            close = getattr(sink, "close", None)
+            if callable(close):
+                close()
+            print(f"replayed {sent} record(s) of run {run} to {spec}")
+    if failed:
+        print(f"advmon: error: {failed} record(s) could not be sent", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write_with_retries(sink, record, policy) -> bool:
+    import time
+
+    for attempt in range(policy.retries + 1):
+        try:
+            sink.write(record)
+            return True
+        except Exception as exc:  # noqa: BLE001 - reported per record, the replay goes on
+            error = exc
+            if attempt < policy.retries:
+                time.sleep(policy.delay(attempt))
+    print(f"advmon: step {record.step}: {type(error).__name__}: {error}", file=sys.stderr)
+    return False
 
 
 def entry_point() -> None:

@@ -7,11 +7,14 @@ to the host once, is summarised and handed to every sink.
 
 from __future__ import annotations
 
+import atexit
 import math
+import os
 import secrets
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +23,7 @@ from typing import Any, TypeVar, overload
 import numpy as np
 import torch
 
+from advmon.emitter import Delivery, DeliveryPolicy
 from advmon.errors import AdvmonConfigError, AdvmonError, AdvmonWarning
 from advmon.hooks import ActiveCall, ArgumentNames, instrument as _instrument, watch_with
 from advmon.observation import (
@@ -35,8 +39,9 @@ from advmon.observation import (
     tensor_part,
 )
 from advmon.record import REWARD_KEYS, Record, group_metrics, stage_metrics
-from advmon.sinks.base import SinkLike, sink_name
+from advmon.sinks.base import SinkLike
 from advmon.sinks.jsonl import JsonlSink
+from advmon.sinks.specs import parse_spec, sink_from_spec, sinks_from_env
 from advmon.stats import HostPart, Part, pack, summarize
 
 __all__ = ["Monitor", "get_monitor", "set_monitor"]
@@ -58,8 +63,11 @@ class Monitor:
     Args:
         run: the run id, used by sinks and as the JSONL file name (default: a
             readable generated id such as ``run-20261202-181533-4f2a``).
-        sinks: where records go (objects with ``write(record)``); default: one
-            :class:`~advmon.sinks.JsonlSink` writing ``advmon-runs/<run>.jsonl``.
+        sinks: where records go: objects with ``write(record)`` or spec strings
+            (``"jsonl:PATH"``, ``"wandb:PROJECT"``, ``"mlflow:URI"``,
+            ``"prometheus:HOST:PORT"``, ``"pushgateway:URL"``). Default: a
+            :class:`~advmon.sinks.JsonlSink` writing ``advmon-runs/<run>.jsonl``
+            plus the sinks named in ``ADVMON_SINKS``.
         reward_range: ``(lo, hi)`` bounds of the reward, to report all-fail and
             all-pass groups (``groups/all_low_fraction``, ``groups/all_high_fraction``).
         strict: raise :class:`~advmon.AdvmonError` on any problem instead of
@@ -68,6 +76,12 @@ class Monitor:
             asynchronous single controller): a callable giving the current training
             step. Calls are then aggregated per step value, and a step's record is
             emitted when a call for another step arrives, or on :meth:`flush`.
+        all_ranks: record on every process of a distributed job. By default only
+            global rank 0 (``torch.distributed`` or ``RANK``) records and emits;
+            other ranks run their estimators untouched.
+        queue_size, retries: delivery to asynchronous sinks (see
+            :class:`advmon.emitter.DeliveryPolicy`).
+        close_timeout: seconds :meth:`close` waits for queued records.
 
     Example:
         >>> import torch, tempfile, os
@@ -92,23 +106,42 @@ class Monitor:
         reward_range: tuple[float, float] | None = None,
         strict: bool = False,
         step_source: Callable[[], int] | None = None,
+        all_ranks: bool = False,
+        queue_size: int = 1000,
+        retries: int = 3,
+        close_timeout: float = 10.0,
     ) -> None:
         if step_source is not None and not callable(step_source):
             raise AdvmonConfigError(f"step_source must be a callable returning the training step, got {step_source!r}")
         self.run = default_run_id() if run is None else _checked_run(run)
-        self.sinks: list[SinkLike] = (
-            [JsonlSink(Path("advmon-runs") / f"{self.run}.jsonl")] if sinks is None else _checked_sinks(sinks)
-        )
         self.reward_range = _checked_range(reward_range)
         self.strict = bool(strict)
         self._lock = threading.RLock()
+        self.rank = global_rank()
+        #: Whether this process records (global rank 0, or every rank with all_ranks).
+        self.enabled = bool(all_ranks) or self.rank == 0
+        self.close_timeout = float(close_timeout)
+        policy = _checked_policy(queue_size, retries)
+        self.sinks: list[SinkLike] = []
+        if self.enabled:
+            jsonl_name = self.run if self.rank == 0 else f"{self.run}.rank{self.rank}"
+            default = Path("advmon-runs") / f"{jsonl_name}.jsonl"
+            self.sinks = [JsonlSink(default), *sinks_from_env(self.run)] if sinks is None else _checked_sinks(sinks, self.run)
+        self._warned: set[str] = set()
+        self._delivery = Delivery(self.sinks, self.run, policy, self._warn_sink)
+        if self._delivery.workers and not any(isinstance(sink, JsonlSink) for sink in self.sinks):
+            self._warn_sink(
+                "no_jsonl",
+                "no JSONL sink: records an asynchronous sink fails to take cannot be replayed later "
+                "(add advmon.JsonlSink or 'jsonl:PATH')",
+            )
+        _LIVE_MONITORS.add(self)
         self._next_step = 0
         self._open_step: int | None = None
         self._pending: list[CallParts] = []
         self._step_source = step_source
         self._followed: tuple[int, list[CallParts]] | None = None
         self._internal_errors = 0
-        self._warned: set[str] = set()
         self._last_record: Record | None = None
         self._closed = False
 
@@ -263,33 +296,42 @@ class Monitor:
         """How many problems advmon met so far (also ``advmon/internal_errors``)."""
         return self._internal_errors
 
-    def flush(self) -> None:
-        """Emit the step a ``step_source`` monitor is still collecting."""
+    def flush(self, timeout: float | None = None) -> None:
+        """Emit the step a ``step_source`` monitor is still collecting and wait for
+        asynchronous sinks to take what is queued (at most ``timeout`` seconds)."""
         with self._lock:
             followed, self._followed = self._followed, None
         if followed is not None:
             self._emit(*followed)
+        self._delivery.flush(self.close_timeout if timeout is None else timeout)
 
-    def close(self) -> None:
-        """Emit what an open step holds, flush and close every sink. Idempotent."""
+    def close(self, timeout: float | None = None) -> None:
+        """Emit what an open step holds, deliver what is queued (at most ``timeout``
+        seconds, default ``close_timeout``), close every sink. Idempotent.
+
+        Records a sink could not take are reported in one warning each; they are
+        in the JSONL file for ``advmon replay``.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             calls, self._pending = self._pending, []
             step = self._open_step
+            followed, self._followed = self._followed, None
         if calls and step is not None:
             self._emit(step, calls)
-        self.flush()
-        for sink in self.sinks:
-            for action in ("flush", "close"):
-                method = getattr(sink, action, None)
-                if method is None:
-                    continue
-                try:
-                    method()
-                except Exception as exc:  # noqa: BLE001 - a broken sink must not break shutdown
-                    self._report([Problem(f"sink:{sink_name(sink)}", f"sink {sink_name(sink)} failed to {action}: {exc}")], quiet=True)
+        if followed is not None:
+            self._emit(*followed)
+        undelivered = self._delivery.close(self.close_timeout if timeout is None else timeout)
+        for name, count in undelivered.items():
+            if count:
+                self._warn_sink(
+                    f"undelivered:{name}",
+                    f"{count} record(s) could not be delivered to sink {name} before close; they are in the "
+                    "JSONL file: send them with 'advmon replay FILE --to SPEC'",
+                )
+        _LIVE_MONITORS.discard(self)
 
     @property
     def closed(self) -> bool:
@@ -424,12 +466,7 @@ class Monitor:
             self._report([_internal_problem(exc)], cause=exc, quiet=quiet)
             return
         self._last_record = record
-        for sink in self.sinks:
-            try:
-                sink.write(record)
-            except Exception as exc:  # noqa: BLE001 - a broken sink must not break training
-                name = sink_name(sink)
-                self._report([Problem(f"sink:{name}", f"sink {name} failed to write: {exc}")], quiet=quiet)
+        self._delivery.send(record)
 
     def _build_record(self, step: int, calls: list[CallParts], quiet: bool) -> Record:
         tensors: list[torch.Tensor] = []
@@ -468,6 +505,7 @@ class Monitor:
         metrics.update(group_metrics(None if group_totals is None else group_totals.tolist(), self.reward_range))
         metrics.update(estimator_metrics)
         metrics["advmon/internal_errors"] = float(self._internal_errors)
+        metrics.update(self._delivery.counters())
         return Record(
             run=self.run,
             step=step,
@@ -480,9 +518,19 @@ class Monitor:
     # ------------------------------------------------------------------ problems
 
     def _refuse_closed(self) -> bool:
+        if not self.enabled:
+            return True  # not the reporting rank: stay out of the way entirely
         if self._closed:
             self._report([Problem("closed", "the monitor is closed; calls are no longer recorded")], quiet=True)
         return self._closed
+
+    def _warn_sink(self, kind: str, message: str) -> None:
+        """A delivery problem: warned once per kind, never raised (it may come from a worker thread)."""
+        with self._lock:
+            if kind in self._warned:
+                return
+            self._warned.add(kind)
+        warnings.warn(f"advmon: {message} [{kind}; not repeated]", AdvmonWarning, stacklevel=2)
 
     def _report(self, problems: list[Problem], cause: BaseException | None = None, quiet: bool = False) -> None:
         """Count problems, warn once per kind, or raise in strict mode."""
@@ -569,13 +617,46 @@ def _checked_run(run: Any) -> str:
     return run
 
 
-def _checked_sinks(sinks: Sequence[SinkLike]) -> list[SinkLike]:
+def _checked_sinks(sinks: Sequence[SinkLike | str], run: str) -> list[SinkLike]:
     if isinstance(sinks, (str, bytes)) or not isinstance(sinks, Sequence):
-        raise AdvmonConfigError(f"sinks must be a list of sink objects, got {type(sinks).__name__}")
+        raise AdvmonConfigError(f"sinks must be a list of sinks or sink specs, got {type(sinks).__name__}")
     for sink in sinks:
-        if not callable(getattr(sink, "write", None)):
+        if isinstance(sink, str):
+            parse_spec(sink)  # every error before any sink starts a server
+        elif not callable(getattr(sink, "write", None)):
             raise AdvmonConfigError(f"{sink!r} is not a sink: it has no write(record) method")
-    return list(sinks)
+    return [sink_from_spec(s, run) if isinstance(s, str) else s for s in sinks]
+
+
+def _checked_policy(queue_size: Any, retries: Any) -> DeliveryPolicy:
+    for name, value, least in (("queue_size", queue_size, 1), ("retries", retries, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise AdvmonConfigError(f"{name} must be an int >= {least}, got {value!r}")
+    return DeliveryPolicy(capacity=queue_size, retries=retries)
+
+
+def global_rank() -> int:
+    """This process's global rank: ``torch.distributed`` if initialized, else ``RANK``, else 0."""
+    distributed = getattr(torch, "distributed", None)
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        return int(distributed.get_rank())
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+_LIVE_MONITORS: weakref.WeakSet[Monitor] = weakref.WeakSet()
+
+
+@atexit.register
+def close_live_monitors() -> None:
+    """At interpreter exit, deliver what is queued (each monitor's close_timeout) and close sinks."""
+    for monitor in list(_LIVE_MONITORS):
+        try:
+            monitor.close()
+        except Exception:  # noqa: BLE001, S110 - never fail the interpreter's exit
+            pass
 
 
 def _checked_range(reward_range: Any) -> tuple[float, float] | None:

@@ -10,6 +10,7 @@ class ListSink(advmon.Sink):
     """A real sink that keeps records in memory."""
 
     name = "list"
+    synchronous = True
 
     def __init__(self) -> None:
         self.records: list[Record] = []

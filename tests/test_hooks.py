@@ -286,6 +286,8 @@ def test_an_instance_can_report_to_another_monitor_than_its_class(sink):
     class_sink, instance_sink = [], []
 
     class Collect(advmon.Sink):
+        synchronous = True
+
         def __init__(self, target):
             self.target = target
 

@@ -69,7 +69,7 @@ def test_record_has_exactly_the_documented_keys(monitor, sink):
         {f"rewards/{k}" for k in REWARD_KEYS}
         | {f"advantages/{stage}/{k}" for stage in ("pre_norm", "post_norm") for k in VALUE_KEYS}
         | {f"groups/{k}" for k in GROUP_KEYS}
-        | {"advmon/internal_errors"}
+        | {"advmon/internal_errors", "advmon/sink_errors/list", "advmon/dropped_records/list"}
     )
     assert set(record.metrics) == expected
     assert (record.run, record.step, record.pre_norm_source) == ("test-run", 0, "derived")
@@ -203,6 +203,8 @@ def test_chunked_step_equals_one_call_on_the_whole_batch(sink):
     whole_sink, chunk_sink = [], []
     for target, chunks in ((whole_sink, [slice(None)]), (chunk_sink, [slice(0, 40), slice(40, 72), slice(72, None)])):
         class Collect(advmon.Sink):
+            synchronous = True
+
             def write(self, record, target=target):
                 target.append(record)
 
@@ -383,19 +385,29 @@ def test_one_watched_call_crosses_to_the_host_once(sketched, monitor, sink, monk
     assert len(sink.records) == 2
 
 
-def test_a_failing_sink_warns_once_and_training_goes_on(sink):
+@pytest.mark.parametrize("synchronous", [True, False])
+def test_a_failing_sink_warns_once_and_training_goes_on(sink, synchronous):
     class Broken(advmon.Sink):
         name = "broken"
 
         def write(self, record):
             raise ConnectionError("backend down")
 
-    monitor = advmon.Monitor("sinks", sinks=[Broken(), sink])
-    with pytest.warns(advmon.AdvmonWarning, match="backend down"):
+    Broken.synchronous = synchronous
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = advmon.Monitor("sinks", sinks=[Broken(), sink], retries=1)
         for _ in range(3):
             monitor.observe(rewards=torch.ones(3))
-    assert len(sink.records) == 3
-    assert sink.records[-1].metrics["advmon/internal_errors"] == 2  # the first two failures
+        monitor.flush()
+        monitor.observe(rewards=torch.ones(3))
+        monitor.close()
+    ours = [str(w.message) for w in caught if issubclass(w.category, advmon.AdvmonWarning)]
+    assert len([m for m in ours if "backend down" in m]) == 1
+    assert len(sink.records) == 4
+    assert sink.records[-1].metrics["advmon/sink_errors/broken"] == 3
+    assert sink.records[-1].metrics["advmon/sink_errors/list"] == 0
+    assert sink.records[-1].metrics["advmon/internal_errors"] == 0  # a sink failure is not advmon's
 
 
 def test_closed_monitor_lets_calls_through(sink):

@@ -12,11 +12,14 @@ Example:
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Sequence
+from types import ModuleType
 from typing import Protocol, runtime_checkable
 
 from advmon.record import Record
 
-__all__ = ["Sink", "SinkLike", "sink_name"]
+__all__ = ["Sink", "SinkLike", "require", "sink_name"]
 
 
 @runtime_checkable
@@ -31,6 +34,12 @@ class Sink:
 
     #: Short name used in warnings and in ``advmon/sink_errors/<name>``.
     name: str = "sink"
+    #: ``True``: written on the training thread (cheap, local). ``False``: handed
+    #: to a background thread through a bounded queue, retried with backoff.
+    synchronous: bool = False
+
+    def attach(self, run: str, sink_names: Sequence[str]) -> None:
+        """Called once by the monitor with its run id and the names of all its sinks."""
 
     def write(self, record: Record) -> None:
         raise NotImplementedError
@@ -40,6 +49,16 @@ class Sink:
 
     def close(self) -> None:
         """Release resources; called once by ``Monitor.close()``."""
+
+
+def require(module: str, extra: str) -> ModuleType:
+    """Import an optional backend, or fail at construction with the install hint."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"this advmon sink needs {module}: pip install 'advmon[{extra}]'", name=exc.name
+        ) from None
 
 
 def sink_name(sink: object) -> str:

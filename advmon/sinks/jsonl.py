@@ -36,6 +36,7 @@ class JsonlSink(Sink):
     """
 
     name = "jsonl"
+    synchronous = True  # written first, on the training thread: the record of record
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)

@@ -1,0 +1,227 @@
+"""Deliver records to slow sinks off the training thread, losing nothing silently.
+
+Each asynchronous sink gets a :class:`SinkWorker`: a bounded queue and a daemon
+thread. The training thread only appends to the queue. A write that raises is
+retried with exponential backoff; a record still not delivered is counted as a
+sink error. When a queue is full the oldest record is dropped for that sink only
+and counted. Nothing is lost for good: the JSONL file holds every record and
+``advmon replay`` sends it anywhere later.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from advmon.record import Record
+from advmon.sinks.base import SinkLike
+
+__all__ = ["Delivery", "DeliveryPolicy", "SinkWorker"]
+
+
+@dataclass(frozen=True)
+class DeliveryPolicy:
+    """How hard to try: queue size per sink, retries, and backoff between them."""
+
+    capacity: int = 1000
+    retries: int = 3
+    backoff_seconds: float = 0.2
+    max_backoff_seconds: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        return min(self.backoff_seconds * 2**attempt, self.max_backoff_seconds)
+
+
+class SinkWorker:
+    """Feeds one sink from a bounded queue on its own daemon thread."""
+
+    def __init__(
+        self,
+        sink: SinkLike,
+        name: str,
+        policy: DeliveryPolicy,
+        on_failure: Callable[[str, str], None],
+    ) -> None:
+        self.sink = sink
+        self.name = name
+        self.policy = policy
+        self._on_failure = on_failure  # (kind, message): the monitor warns and counts
+        self._queue: deque[Record] = deque()
+        self._condition = threading.Condition()
+        self._busy = False
+        self._stopping = False
+        self.errors = 0
+        self.dropped = 0
+        self.delivered = 0
+        self._thread = threading.Thread(target=self._run, name=f"advmon-sink-{name}", daemon=True)
+        self._thread.start()
+
+    def put(self, record: Record) -> None:
+        """Queue a record; never blocks. A full queue drops its oldest record."""
+        dropped = False
+        with self._condition:
+            if len(self._queue) >= self.policy.capacity:
+                self._queue.popleft()
+                self.dropped += 1
+                dropped = True
+            self._queue.append(record)
+            self._condition.notify()
+        if dropped:
+            self._on_failure(
+                f"dropped:{self.name}",
+                f"sink {self.name} is too slow: its queue of {self.policy.capacity} records is full, "
+                "the oldest are dropped for it (counted in advmon/dropped_records/"
+                f"{self.name}; the JSONL file keeps them for advmon replay)",
+            )
+
+    def drain(self, timeout: float) -> int:
+        """Wait until the queue is delivered or ``timeout`` passes; return what is left."""
+        deadline = time.monotonic() + timeout
+        with self._condition:
+            while self._queue or self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._condition.wait(remaining)
+            return len(self._queue) + int(self._busy)
+
+    def stop(self, timeout: float) -> int:
+        """Drain, then end the thread; return the number of records not delivered."""
+        left = self.drain(timeout)
+        with self._condition:
+            self._stopping = True
+            undelivered = len(self._queue) + int(self._busy)
+            self._queue.clear()
+            self._condition.notify_all()
+        self._thread.join(timeout=0.1)
+        return max(left, undelivered)
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while not self._queue and not self._stopping:
+                    self._condition.wait()
+                if self._stopping:
+                    return
+                record = self._queue.popleft()
+                self._busy = True
+            try:
+                self._deliver(record)
+            finally:
+                with self._condition:
+                    self._busy = False
+                    self._condition.notify_all()
+
+    def _deliver(self, record: Record) -> None:
+        for attempt in range(self.policy.retries + 1):
+            try:
+                self.sink.write(record)
+                self.delivered += 1
+                return
+            except Exception as exc:  # noqa: BLE001 - any sink failure is retried, then counted
+                error = exc
+            if attempt < self.policy.retries and not self._stopping:
+                time.sleep(self.policy.delay(attempt))
+        self.errors += 1
+        self._on_failure(
+            f"sink:{self.name}",
+            f"sink {self.name} failed to write step {record.step} after {self.policy.retries + 1} attempts: "
+            f"{type(error).__name__}: {error} (counted in advmon/sink_errors/{self.name}; "
+            "the JSONL file keeps the record for advmon replay)",
+        )
+
+
+class Delivery:
+    """All of a monitor's sinks: synchronous ones written in place, the rest through workers.
+
+    Sink failures never raise: they go to ``warn(kind, message)`` and are counted
+    per sink in :meth:`counters` (``advmon/sink_errors/<sink>``,
+    ``advmon/dropped_records/<sink>``).
+    """
+
+    def __init__(
+        self, sinks: list[SinkLike], run: str, policy: DeliveryPolicy, warn: Callable[[str, str], None]
+    ) -> None:
+        self.names = _unique_names(sinks)
+        self._warn = warn
+        self._sync: list[tuple[SinkLike, str]] = []
+        self._sync_errors: dict[str, int] = {}
+        self.workers: list[SinkWorker] = []
+        for sink, name in zip(sinks, self.names):
+            attach = getattr(sink, "attach", None)
+            if callable(attach):
+                attach(run=run, sink_names=self.names)
+            if getattr(sink, "synchronous", False):
+                self._sync.append((sink, name))
+                self._sync_errors[name] = 0
+            else:
+                self.workers.append(SinkWorker(sink, name, policy, warn))
+
+    def send(self, record: Record) -> None:
+        for sink, name in self._sync:
+            try:
+                sink.write(record)
+            except Exception as exc:  # noqa: BLE001 - a broken sink must not break training
+                self._sync_errors[name] += 1
+                self._warn(f"sink:{name}", f"sink {name} failed to write step {record.step}: {type(exc).__name__}: {exc}")
+        for worker in self.workers:
+            worker.put(record)
+
+    def counters(self) -> dict[str, float]:
+        errors = dict(self._sync_errors)
+        dropped = dict.fromkeys(errors, 0)
+        for worker in self.workers:
+            errors[worker.name] = worker.errors
+            dropped[worker.name] = worker.dropped
+        metrics = {f"advmon/sink_errors/{name}": float(errors[name]) for name in self.names}
+        metrics.update({f"advmon/dropped_records/{name}": float(dropped[name]) for name in self.names})
+        return metrics
+
+    def flush(self, timeout: float) -> dict[str, int]:
+        """Wait for queued records to be delivered; what is left per sink."""
+        deadline = time.monotonic() + timeout
+        for sink, name in self._sync:
+            _call_quietly(sink, "flush", name, self._warn)
+        return {w.name: w.drain(max(deadline - time.monotonic(), 0.0)) for w in self.workers}
+
+    def close(self, timeout: float) -> dict[str, int]:
+        """Deliver what can be delivered within ``timeout``, close every sink; undelivered per sink."""
+        deadline = time.monotonic() + timeout
+        left = {w.name: w.stop(max(deadline - time.monotonic(), 0.0)) for w in self.workers}
+        for sink, name in self._sync:
+            for action in ("flush", "close"):
+                _call_quietly(sink, action, name, self._warn)
+        for worker in self.workers:
+            # A backend that hangs on close (a dead server) must not hang the process.
+            closer = threading.Thread(
+                target=_call_quietly, args=(worker.sink, "close", worker.name, self._warn), daemon=True
+            )
+            closer.start()
+            closer.join(max(deadline - time.monotonic(), 0.5))
+        return left
+
+
+def _call_quietly(sink: object, action: str, name: str, warn: Callable[[str, str], None]) -> None:
+    method = getattr(sink, action, None)
+    if not callable(method):
+        return
+    try:
+        method()
+    except Exception as exc:  # noqa: BLE001 - shutdown goes on
+        warn(f"sink:{name}", f"sink {name} failed to {action}: {type(exc).__name__}: {exc}")
+
+
+def _unique_names(sinks: list[SinkLike]) -> list[str]:
+    from advmon.sinks.base import sink_name
+
+    names: list[str] = []
+    for sink in sinks:
+        base = sink_name(sink)
+        name, n = base, 2
+        while name in names:
+            name, n = f"{base}-{n}", n + 1
+        names.append(name)
+    return names

@@ -1,0 +1,120 @@
+"""MLflow: one batched ``log_batch`` call per record, into the active run or advmon's own.
+
+Keys are kept as they are (MLflow allows ``/``); characters MLflow forbids become
+``_``. A run advmon creates is tagged ``advmon.run=<run id>``, so a later
+``advmon replay`` finds it and backfills the same MLflow run.
+
+A dead tracking server makes MLflow's HTTP client retry for a long time
+(``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``MLFLOW_HTTP_REQUEST_TIMEOUT``); that
+happens on advmon's background thread, never on the training thread.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from advmon.record import Record
+from advmon.sinks.base import Sink, require
+
+__all__ = ["MlflowSink", "mlflow_key"]
+
+RUN_TAG = "advmon.run"
+_BATCH_LIMIT = 1000  # MLflow's maximum number of metrics per log_batch call
+_FORBIDDEN = re.compile(r"[^\w\-. :/]")
+
+
+def mlflow_key(key: str) -> str:
+    """``key`` with the characters MLflow rejects replaced by ``_``.
+
+    Example:
+        >>> mlflow_key("estimator/kl[k3]")
+        'estimator/kl_k3_'
+    """
+    return _FORBIDDEN.sub("_", key)
+
+
+class MlflowSink(Sink):
+    """Send records to MLflow.
+
+    Args:
+        tracking_uri: where to log (default: MLflow's own default, e.g.
+            ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``).
+        experiment: experiment name for a run advmon creates (default: MLflow's default).
+        run_id: log into this MLflow run. Otherwise the run active when the
+            monitor is created (MLflow's active run is per thread, and records are
+            written on advmon's own thread), else a run tagged with advmon's run
+            id, found or created.
+    """
+
+    name = "mlflow"
+
+    def __init__(self, tracking_uri: str | None = None, experiment: str | None = None, run_id: str | None = None) -> None:
+        self._mlflow = require("mlflow", "mlflow")
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.run_id = run_id
+        self.run_name = ""
+        self._client: Any = None
+        self._owned = False
+
+    def attach(self, run: str, sink_names: Sequence[str]) -> None:
+        self.run_name = run
+        active = self._mlflow.active_run()  # on the creating thread, where it is visible
+        if self.run_id is None and active is not None and self.tracking_uri in (None, self._mlflow.get_tracking_uri()):
+            self.run_id = active.info.run_id
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self._mlflow.tracking.MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client
+
+    def _resolve_run(self) -> str:
+        if self.run_id is not None:
+            return self.run_id
+        experiment_id = self._experiment_id()
+        name = self.run_name or "advmon"
+        found = self.client.search_runs(
+            [experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{name}'", max_results=1
+        )
+        if found:
+            self.run_id = found[0].info.run_id
+        else:
+            created = self.client.create_run(experiment_id, tags={RUN_TAG: name}, run_name=name)
+            self.run_id = created.info.run_id
+            self._owned = True
+        return self.run_id
+
+    def _experiment_id(self) -> str:
+        if self.experiment is None:
+            return "0"
+        experiment = self.client.get_experiment_by_name(self.experiment)
+        if experiment is not None:
+            return experiment.experiment_id
+        return self.client.create_experiment(self.experiment)
+
+    def write(self, record: Record) -> None:
+        from mlflow.entities import Metric
+
+        run_id = self._resolve_run()
+        timestamp = int(record.time * 1000)
+        metrics = [
+            Metric(mlflow_key(key), value, timestamp, record.step)
+            for key, value in record.metrics.items()
+            if math.isfinite(value)
+        ]
+        for start in range(0, len(metrics), _BATCH_LIMIT):
+            self.client.log_batch(run_id, metrics=metrics[start : start + _BATCH_LIMIT])
+
+    def close(self) -> None:
+        if self._owned and self.run_id is not None:
+            try:
+                self.client.set_terminated(self.run_id)
+            finally:
+                self._owned = False
+
+    def __repr__(self) -> str:
+        return f"MlflowSink({self.tracking_uri!r})"

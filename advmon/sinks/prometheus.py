@@ -1,0 +1,234 @@
+"""Prometheus: a scrape endpoint or a Pushgateway, through one custom collector.
+
+The metric names below are the contract the generated dashboards and alerts use.
+Every series carries a ``run`` label. Gauges show the latest record; counters
+accumulate over records and exist at 0 from the start, so that ``increase()``
+sees the first increment.
+
+Gauges: ``advmon_advantage_{mean,std,min,max,abs_mean}{stage="pre_norm|post_norm"}``,
+``advmon_advantage_percentile{stage,percentile="1|10|50|90|99"}``,
+``advmon_reward_{mean,std,min,max}``, ``advmon_zero_std_group_ratio``,
+``advmon_groups``, ``advmon_step``, ``advmon_last_update_timestamp_seconds``.
+
+Counters: ``advmon_nonfinite_values_total{stage="reward|pre_norm|post_norm",kind="nan|inf"}``,
+``advmon_updates_total``, ``advmon_internal_errors_total``,
+``advmon_sink_errors_total{sink}``, ``advmon_dropped_records_total{sink}``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from advmon.record import Record
+from advmon.sinks.base import Sink, require
+
+__all__ = ["AdvmonCollector", "PrometheusSink", "PushgatewaySink"]
+
+STAGES = ("pre_norm", "post_norm")
+PERCENTILES = (("1", "p01"), ("10", "p10"), ("50", "p50"), ("90", "p90"), ("99", "p99"))
+_NONFINITE_STAGES = (("reward", "rewards"), ("pre_norm", "advantages/pre_norm"), ("post_norm", "advantages/post_norm"))
+
+
+class AdvmonCollector:
+    """A prometheus-client collector over the latest record of one run.
+
+    Example:
+        >>> from prometheus_client import CollectorRegistry, generate_latest
+        >>> collector = AdvmonCollector("run-a", sink_names=["jsonl"])
+        >>> registry = CollectorRegistry()
+        >>> registry.register(collector)
+        >>> b'advmon_updates_total{run="run-a"} 0.0' in generate_latest(registry)
+        True
+    """
+
+    def __init__(self, run: str, sink_names: Sequence[str] = ()) -> None:
+        self.run = run
+        self._lock = threading.Lock()
+        self._latest: Record | None = None
+        self._nonfinite = {(stage, kind): 0.0 for stage, _ in _NONFINITE_STAGES for kind in ("nan", "inf")}
+        self._updates = 0.0
+        self._sinks = dict.fromkeys(sink_names)  # ordered set of sink names
+
+    def set_sink_names(self, names: Sequence[str]) -> None:
+        with self._lock:
+            self._sinks.update(dict.fromkeys(names))
+
+    def update(self, record: Record) -> None:
+        with self._lock:
+            self._latest = record
+            self._updates += 1
+            for (stage, kind), value in self._nonfinite.items():
+                prefix = dict(_NONFINITE_STAGES)[stage]
+                count = record.metrics.get(f"{prefix}/{kind}_count", math.nan)
+                if math.isfinite(count):
+                    self._nonfinite[(stage, kind)] = value + count
+            for key in record.metrics:
+                for family in ("advmon/sink_errors/", "advmon/dropped_records/"):
+                    if key.startswith(family):
+                        self._sinks.setdefault(key[len(family) :])
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())  # families depend on the record: let the registry call collect()
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        with self._lock:
+            record, nonfinite, updates, sinks = self._latest, dict(self._nonfinite), self._updates, list(self._sinks)
+        run = self.run
+        metrics = record.metrics if record is not None else {}
+
+        def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Any:
+            return CounterMetricFamily(name, doc, labels=["run", *labels])
+
+        def gauge(name: str, doc: str, labels: Sequence[str] = ()) -> Any:
+            return GaugeMetricFamily(name, doc, labels=["run", *labels])
+
+        family = counter("advmon_nonfinite_values", "NaN and Inf values seen, by stage and kind", ["stage", "kind"])
+        for (stage, kind), value in nonfinite.items():
+            family.add_metric([run, stage, kind], value)
+        yield family
+        family = counter("advmon_updates", "Records advmon emitted for this run")
+        family.add_metric([run], updates)
+        yield family
+        family = counter("advmon_internal_errors", "Problems advmon met (see advmon/internal_errors)")
+        family.add_metric([run], metrics.get("advmon/internal_errors", 0.0))
+        yield family
+        for name, key, doc in (
+            ("advmon_sink_errors", "advmon/sink_errors", "Records a sink failed to take after retries"),
+            ("advmon_dropped_records", "advmon/dropped_records", "Records dropped because a sink's queue was full"),
+        ):
+            family = counter(name, doc, ["sink"])
+            for sink in sinks:
+                family.add_metric([run, sink], metrics.get(f"{key}/{sink}", 0.0))
+            yield family
+        if record is None:
+            return
+        for stat in ("mean", "std", "min", "max", "abs_mean"):
+            family = gauge(f"advmon_advantage_{stat}", f"Advantage {stat.replace('_', ' ')} of the last step", ["stage"])
+            for stage in STAGES:
+                family.add_metric([run, stage], metrics.get(f"advantages/{stage}/{stat}", math.nan))
+            yield family
+        family = gauge("advmon_advantage_percentile", "Advantage percentiles of the last step", ["stage", "percentile"])
+        for stage in STAGES:
+            for label, key in PERCENTILES:
+                family.add_metric([run, stage, label], metrics.get(f"advantages/{stage}/{key}", math.nan))
+        yield family
+        for stat in ("mean", "std", "min", "max"):
+            family = gauge(f"advmon_reward_{stat}", f"Reward {stat} per sequence in the last step")
+            family.add_metric([run], metrics.get(f"rewards/{stat}", math.nan))
+            yield family
+        for name, key, doc in (
+            ("advmon_zero_std_group_ratio", "groups/zero_std_fraction", "Fraction of groups whose rewards are all equal"),
+            ("advmon_groups", "groups/count", "Prompt groups in the last step"),
+        ):
+            family = gauge(name, doc)
+            family.add_metric([run], metrics.get(key, math.nan))
+            yield family
+        family = gauge("advmon_step", "Training step of the last record")
+        family.add_metric([run], float(record.step))
+        yield family
+        family = gauge("advmon_last_update_timestamp_seconds", "Unix time of the last record")
+        family.add_metric([run], record.time)
+        yield family
+
+
+class PrometheusSink(Sink):
+    """Expose the latest record for scraping.
+
+    By default starts its own HTTP endpoint on ``host:port`` (``127.0.0.1``;
+    ``port=0`` picks a free port, see :attr:`port`) with its own registry, so it
+    runs beside a trainer's exporter. Pass ``registry=`` to add advmon's collector
+    to an existing registry instead and start no server.
+
+    Example:
+        >>> sink = PrometheusSink(port=0)
+        >>> sink.attach(run="doc", sink_names=["prometheus"])
+        >>> import urllib.request
+        >>> b"advmon_updates_total" in urllib.request.urlopen(f"http://127.0.0.1:{sink.port}/metrics").read()
+        True
+        >>> sink.close()
+    """
+
+    name = "prometheus"
+    synchronous = True  # an in-memory update: cheap enough for the training thread
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = 9464, registry: Any = None, run: str = "") -> None:
+        prometheus_client = require("prometheus_client", "prometheus")
+        self.collector = AdvmonCollector(run)
+        self.registry = registry if registry is not None else prometheus_client.CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        self._server = None
+        self.host = host
+        self.port = None
+        if registry is None and port is not None:
+            self._server, _ = prometheus_client.start_http_server(port, addr=host, registry=self.registry)
+            self.port = self._server.server_port
+
+    def attach(self, run: str, sink_names: Sequence[str]) -> None:
+        """Called by the monitor: the run label and the sinks whose counters start at 0."""
+        self.collector.run = run
+        self.collector.set_sink_names(sink_names)
+
+    def write(self, record: Record) -> None:
+        self.collector.update(record)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __repr__(self) -> str:
+        where = f"{self.host}:{self.port}" if self.port is not None else "injected registry"
+        return f"PrometheusSink({where})"
+
+
+class PushgatewaySink(Sink):
+    """Push the latest record to a Pushgateway, grouped by ``run``.
+
+    Each push replaces the run's group (``push_to_gateway``). Scrape the
+    Pushgateway with ``honor_labels: true`` so the ``run`` label is kept.
+    ``delete_on_close`` removes the group when the monitor closes.
+    """
+
+    name = "pushgateway"
+
+    def __init__(
+        self, url: str, job: str = "advmon", run: str = "", timeout: float = 5.0, delete_on_close: bool = False
+    ) -> None:
+        self._client = require("prometheus_client", "prometheus")
+        self.url = url
+        self.job = job
+        self.timeout = timeout
+        self.delete_on_close = delete_on_close
+        self.collector = AdvmonCollector(run)
+        self.registry = self._client.CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        self._last: Record | None = None
+
+    def attach(self, run: str, sink_names: Sequence[str]) -> None:
+        self.collector.run = run
+        self.collector.set_sink_names(sink_names)
+
+    @property
+    def grouping_key(self) -> dict[str, str]:
+        return {"run": self.collector.run}
+
+    def write(self, record: Record) -> None:
+        if record is not self._last:  # a retried push must not count the record twice
+            self.collector.update(record)
+            self._last = record
+        self._client.push_to_gateway(
+            self.url, job=self.job, registry=self.registry, grouping_key=self.grouping_key, timeout=self.timeout
+        )
+
+    def close(self) -> None:
+        if self.delete_on_close:
+            self._client.delete_from_gateway(self.url, job=self.job, grouping_key=self.grouping_key, timeout=self.timeout)
+
+    def __repr__(self) -> str:
+        return f"PushgatewaySink({self.url!r}, job={self.job!r})"

@@ -1,0 +1,82 @@
+"""Sinks from short strings, for configs, the CLI and ``ADVMON_SINKS``.
+
+Forms: ``jsonl[:PATH]``, ``wandb[:PROJECT]``, ``mlflow[:TRACKING_URI]``,
+``prometheus[:[HOST:]PORT]``, ``pushgateway:URL``.
+
+Example:
+    >>> parse_spec("prometheus:127.0.0.1:9464")
+    ('prometheus', '127.0.0.1:9464')
+    >>> parse_spec("mlflow:http://127.0.0.1:5000")
+    ('mlflow', 'http://127.0.0.1:5000')
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from advmon.errors import AdvmonConfigError
+from advmon.sinks.base import SinkLike
+
+__all__ = ["ENV_VAR", "SPEC_FORMS", "parse_spec", "sink_from_spec", "sinks_from_env"]
+
+ENV_VAR = "ADVMON_SINKS"
+SPEC_FORMS = "jsonl[:PATH], wandb[:PROJECT], mlflow[:TRACKING_URI], prometheus[:[HOST:]PORT], pushgateway:URL"
+_KINDS = ("jsonl", "wandb", "mlflow", "prometheus", "pushgateway")
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """``(kind, argument)`` of a spec; the argument is ``""`` when absent."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise AdvmonConfigError(f"empty sink spec; valid forms: {SPEC_FORMS}")
+    kind, _, argument = spec.strip().partition(":")
+    if kind not in _KINDS:
+        raise AdvmonConfigError(f"unknown sink {spec!r}; valid forms: {SPEC_FORMS}")
+    if kind == "pushgateway" and not argument:
+        raise AdvmonConfigError(f"pushgateway needs a URL (pushgateway:http://HOST:PORT); valid forms: {SPEC_FORMS}")
+    return kind, argument
+
+
+def _host_port(argument: str) -> tuple[str, int]:
+    host, _, port = argument.rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        raise AdvmonConfigError(f"prometheus port must be a number, got {port!r}; valid forms: {SPEC_FORMS}") from None
+    if not 0 <= number <= 65535:
+        raise AdvmonConfigError(f"prometheus port must be 0-65535, got {number}")
+    return host or "127.0.0.1", number
+
+
+def sink_from_spec(spec: str, run: str) -> SinkLike:
+    """Build the sink a spec names (optional backends are imported only here)."""
+    kind, argument = parse_spec(spec)
+    if kind == "jsonl":
+        from advmon.sinks.jsonl import JsonlSink
+
+        return JsonlSink(argument or Path("advmon-runs") / f"{run}.jsonl")
+    if kind == "wandb":
+        from advmon.sinks.wandb import WandbSink
+
+        return WandbSink(project=argument or None)
+    if kind == "mlflow":
+        from advmon.sinks.mlflow import MlflowSink
+
+        return MlflowSink(tracking_uri=argument or None)
+    if kind == "prometheus":
+        from advmon.sinks.prometheus import PrometheusSink
+
+        host, port = _host_port(argument) if argument else ("127.0.0.1", 9464)
+        return PrometheusSink(host=host, port=port)
+    from advmon.sinks.prometheus import PushgatewaySink
+
+    return PushgatewaySink(argument)
+
+
+def sinks_from_env(run: str, environ: dict[str, str] | None = None) -> list[SinkLike]:
+    """Sinks named in ``ADVMON_SINKS`` (comma-separated specs)."""
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    specs = [part.strip() for part in value.split(",") if part.strip()]
+    for spec in specs:
+        parse_spec(spec)  # all errors before any sink starts a server
+    return [sink_from_spec(spec, run) for spec in specs]

@@ -1,0 +1,100 @@
+"""Weights & Biases: log into the trainer's active run, or a run of advmon's own.
+
+advmon's keys are plotted against their own step axis, ``advmon/step``, declared
+with ``define_metric``. In a run advmon started itself, each record is one row.
+
+In the trainer's run advmon never passes ``step=`` and never commits a row
+(``commit=False``): a record joins the row the trainer is filling and is
+committed with it, so advmon can never move W&B's step (a trainer that logs
+``step=N`` after W&B's step passed N loses that data). A row holds one value per
+key: if advmon emits two records before the trainer starts a new row, the row
+keeps the later one (the JSONL file keeps both). For one row per record whatever
+the trainer does, give advmon a run of its own: ``WandbSink(join_active_run=False)``.
+Advantage keys get min/max/last summaries.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from advmon.record import Record
+from advmon.sinks.base import Sink, require
+
+__all__ = ["WandbSink"]
+
+STEP_KEY = "advmon/step"
+_STEPPED = ("rewards/*", "groups/*", "estimator/*", "advmon/internal_errors", "advmon/sink_errors/*", "advmon/dropped_records/*")
+
+
+class WandbSink(Sink):
+    """Send records to W&B.
+
+    Args:
+        project: project for a run advmon starts itself (default ``"advmon"``).
+        run: a ``wandb`` run object to log into; default: ``wandb.run`` if a run
+            is active when the first record arrives (and ``join_active_run``),
+            otherwise a new run named after the monitor's run id.
+        join_active_run: log into the trainer's active run (default) or start a
+            run of advmon's own beside it (``reinit="create_new"``).
+        init_kwargs: extra ``wandb.init`` arguments for a run advmon starts
+            (``entity``, ``mode``, ``dir``, ``config``...).
+    """
+
+    name = "wandb"
+
+    def __init__(
+        self, project: str | None = None, run: Any = None, join_active_run: bool = True, **init_kwargs: Any
+    ) -> None:
+        self._wandb = require("wandb", "wandb")
+        self.project = project
+        self.join_active_run = join_active_run
+        self.init_kwargs = init_kwargs
+        self.run_name = ""
+        self._run = run
+        self._owned = False
+        self._declared = False
+
+    def attach(self, run: str, sink_names: Sequence[str]) -> None:
+        self.run_name = run
+
+    @property
+    def wandb_run(self) -> Any:
+        """The W&B run records go to (started on the first record)."""
+        if self._run is None:
+            if self._wandb.run is not None and self.join_active_run:
+                self._run = self._wandb.run
+            else:
+                kwargs = {"project": self.project or "advmon", "name": self.run_name or None, **self.init_kwargs}
+                if self._wandb.run is not None:
+                    kwargs.setdefault("reinit", "create_new")
+                self._run = self._wandb.init(**kwargs)
+                self._owned = True
+                # W&B finishes its runs at exit; exit hooks run last-registered first,
+                # so register advmon's drain again to deliver queued records before that.
+                from advmon.monitor import close_live_monitors
+
+                atexit.register(close_live_monitors)
+        return self._run
+
+    def write(self, record: Record) -> None:
+        run = self.wandb_run
+        if not self._declared:
+            run.define_metric(STEP_KEY)
+            run.define_metric("advantages/*", step_metric=STEP_KEY, summary="min,max,last")
+            for pattern in _STEPPED:
+                run.define_metric(pattern, step_metric=STEP_KEY)
+            self._declared = True
+        data: dict[str, float] = {k: v for k, v in record.metrics.items() if math.isfinite(v)}
+        data[STEP_KEY] = record.step
+        run.log(data, commit=self._owned)
+
+    def close(self) -> None:
+        if self._owned and self._run is not None:
+            self._run.finish()
+            self._run = None
+
+    def __repr__(self) -> str:
+        return f"WandbSink(project={self.project!r})"

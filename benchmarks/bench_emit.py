@@ -1,0 +1,141 @@
+"""What emission costs the training thread, and how many records the real sinks take.
+
+1. A sink that takes 100 ms per record: the median time a watched call takes
+   with it, minus the median with no sink at all (the statistics themselves),
+   interleaved in one run. Goal: under 1 ms.
+2. All real sinks at once (JSONL, Prometheus scrape endpoint, offline W&B, MLflow
+   on sqlite): records per second sustained from the first record to the moment
+   every sink has taken the last one.
+
+Usage: python benchmarks/bench_emit.py [--calls N] [--records N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+import advmon
+
+
+class SlowSink(advmon.Sink):
+    """A backend that takes 100 ms per record."""
+
+    name = "slow"
+
+    def write(self, record):
+        time.sleep(0.1)
+
+
+def batch(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, 1000, (64, 16), generator=g).repeat_interleave(8, dim=0)
+    rewards = torch.randint(0, 2, (512,), generator=g).float()
+    mask = (torch.arange(256) < torch.randint(1, 257, (512, 1), generator=g)).float()
+    return prompts, rewards, mask
+
+
+def grpo(prompt_ids, rewards, mask):
+    groups = rewards.view(-1, 8)
+    advantages = (groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-6)
+    return advantages.reshape(-1, 1).expand(mask.shape)
+
+
+def training_thread_cost(calls: int) -> list[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", advmon.AdvmonWarning)  # no JSONL on purpose
+        bare = advmon.Monitor("bench-bare", sinks=[])
+        slow = advmon.Monitor("bench-slow", sinks=[SlowSink()], queue_size=calls + 10)
+    watched = {"bare": bare.watch(grpo), "slow": slow.watch(grpo)}
+    inputs = batch()
+    times: dict[str, list[float]] = {"bare": [], "slow": []}
+    for name in watched:
+        watched[name](*inputs)  # warm up
+    for _ in range(calls):
+        for name, fn in watched.items():  # interleaved: both see the same machine noise
+            start = time.perf_counter()
+            fn(*inputs)
+            times[name].append(time.perf_counter() - start)
+    bare_median, slow_median = (statistics.median(times[n]) for n in ("bare", "slow"))
+    queued = sum(len(w._queue) for w in slow._delivery.workers)
+    bare.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", advmon.AdvmonWarning)  # the slow sink's backlog, on purpose
+        slow.close(timeout=0.5)
+    added = slow_median - bare_median
+    return [
+        f"training thread, {calls} watched calls each (B=512, T=256), interleaved:",
+        f"  no sink                          median {bare_median * 1e3:7.3f} ms  (the statistics)",
+        f"  a 100 ms/record sink             median {slow_median * 1e3:7.3f} ms  ({queued} records still queued)",
+        f"  added by emission                       {added * 1e3:7.3f} ms  (goal < 1 ms: {'met' if added < 1e-3 else 'NOT met'})",
+    ]
+
+
+SINK_NAMES = ("jsonl", "prometheus", "wandb (offline)", "mlflow (sqlite)")
+
+
+def _real_sink(name: str, workdir: Path) -> advmon.Sink:
+    from advmon.sinks.mlflow import MlflowSink
+    from advmon.sinks.prometheus import PrometheusSink
+    from advmon.sinks.wandb import WandbSink
+
+    if name == "jsonl":
+        return advmon.JsonlSink(workdir / "run.jsonl")
+    if name == "prometheus":
+        return PrometheusSink(port=0)
+    if name.startswith("wandb"):
+        return WandbSink(project="advmon-bench", dir=str(workdir))
+    return MlflowSink(f"sqlite:///{workdir / 'mlflow.db'}")
+
+
+def _throughput(run: str, sinks: list, records: int) -> tuple[float, float]:
+    """(records/s produced on the training thread, records/s delivered to every sink)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", advmon.AdvmonWarning)  # a lone sink without JSONL, on purpose
+        monitor = advmon.Monitor(run, sinks=sinks, queue_size=records + 10)
+    rewards = torch.randint(0, 2, (512,)).float()
+    monitor.observe(rewards=rewards, group_size=8)  # start runs and servers outside the timing
+    monitor.flush(timeout=120)
+    started = time.perf_counter()
+    for _ in range(records):
+        monitor.observe(rewards=rewards, advantages=rewards - rewards.mean(), group_size=8)
+    produced = time.perf_counter() - started
+    monitor.flush(timeout=600)
+    delivered = time.perf_counter() - started
+    monitor.close()
+    return records / produced, records / delivered
+
+
+def real_sinks_throughput(records: int) -> list[str]:
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    lines = [f"real sinks, {records} records each (B=512 rewards and advantages, 47 keys), records/s:"]
+    lines.append(f"  {'sink':28} {'produced':>9} {'delivered':>10}")
+    for name in SINK_NAMES:
+        sink = _real_sink(name, Path(tempfile.mkdtemp(prefix="advmon-bench-")))
+        produced, delivered = _throughput(f"bench-{name.split()[0]}", [sink], records)
+        lines.append(f"  {name:28} {produced:9.0f} {delivered:10.0f}")
+    workdir = Path(tempfile.mkdtemp(prefix="advmon-bench-"))
+    produced, delivered = _throughput("bench-all", [_real_sink(name, workdir) for name in SINK_NAMES], records)
+    lines.append(f"  {'all four at once':28} {produced:9.0f} {delivered:10.0f}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=60)
+    parser.add_argument("--records", type=int, default=300)
+    args = parser.parse_args()
+    print(f"bench_emit: torch {torch.__version__}, {torch.get_num_threads()} threads, medians")
+    print("\n".join(training_thread_cost(args.calls)))
+    print("\n".join(real_sinks_throughput(args.records)))
+
+
+if __name__ == "__main__":
+    main()

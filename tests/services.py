@@ -1,0 +1,138 @@
+"""Real services for integration tests: started on 127.0.0.1, free ports, temporary dirs.
+
+In CI (``CI=true``) a missing binary fails the test instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (make test installs it from Debian packages)"
+        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            result = predicate()
+            if result:
+                return result
+        except Exception as exc:  # noqa: BLE001 - keep polling, report the last error
+            last = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last!r})")
+
+
+def http_get(url: str, timeout: float = 2.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read()
+
+
+class Service:
+    """A process started for a test and stopped afterwards; its output goes to a log file."""
+
+    def __init__(self, name: str, args: list[str], workdir: Path, ready_url: str | None, ready_timeout: float = 30):
+        self.name = name
+        self.log_path = workdir / f"{name}.log"
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen(args, cwd=workdir, stdout=self._log, stderr=subprocess.STDOUT)
+        if ready_url is not None:
+            try:
+                wait_for(lambda: self._alive() and http_get(ready_url) is not None, ready_timeout, f"{name} at {ready_url}")
+            except AssertionError:
+                self.stop()
+                raise AssertionError(f"{name} did not start:\n{self.log_path.read_text()[-2000:]}") from None
+
+    def _alive(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"{self.name} exited with {self.process.returncode}")
+        return True
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self._log.close()
+
+
+def start_prometheus(workdir: Path, targets: dict[str, str], honor_labels: bool = False) -> tuple[Service, str]:
+    """Prometheus scraping ``targets`` ({job: host:port}) every second."""
+    binary = require_binary("prometheus")
+    port = free_port()
+    jobs = "\n".join(
+        f"  - job_name: {job}\n    honor_labels: {str(honor_labels).lower()}\n"
+        f"    static_configs:\n      - targets: ['{target}']"
+        for job, target in targets.items()
+    )
+    config = workdir / "prometheus.yml"
+    config.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n{jobs}\n")
+    url = f"http://127.0.0.1:{port}"
+    service = Service(
+        "prometheus",
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        workdir,
+        f"{url}/-/ready",
+    )
+    return service, url
+
+
+def start_pushgateway(workdir: Path) -> tuple[Service, str]:
+    binary = require_binary("prometheus-pushgateway")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    service = Service("pushgateway", [binary, f"--web.listen-address=127.0.0.1:{port}"], workdir, f"{url}/-/ready")
+    return service, url
+
+
+def start_mlflow_server(workdir: Path, store: Path) -> tuple[Service, str]:
+    import sys
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    mlflow = Path(sys.executable).with_name("mlflow")
+    service = Service(
+        "mlflow",
+        [
+            str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port),
+            "--backend-store-uri", f"sqlite:///{store}",
+            "--default-artifact-root", str(workdir / "artifacts"),
+            "--workers", "1",
+        ],
+        workdir,
+        f"{url}/health",
+        ready_timeout=90,
+    )
+    return service, url

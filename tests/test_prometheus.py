@@ -1,0 +1,195 @@
+"""The Prometheus sinks against prometheus-client, promtool, a real Prometheus and Pushgateway."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import urllib.parse
+
+import pytest
+import torch
+
+import advmon
+from advmon.sinks.prometheus import PrometheusSink, PushgatewaySink
+
+from .estimators import GRPOLikeEstimator
+from .services import free_port, http_get, require_binary, start_prometheus, start_pushgateway, wait_for
+from .test_monitor import grpo_batch
+
+pytestmark = pytest.mark.integration
+
+
+def run_steps(monitor, steps=3, nan_rewards=2):
+    estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
+    for step in range(steps):
+        prompts, rewards, mask = grpo_batch(seed=step, nan_rewards=nan_rewards)
+        with monitor.step(step):
+            estimator.compute_advantage(prompts, rewards, mask)
+    return monitor.last_record
+
+
+def expected_series(record, totals):
+    """What each PromQL query should return for the last record."""
+    m = record.metrics
+    series = {
+        'advmon_advantage_mean{stage="post_norm"}': m["advantages/post_norm/mean"],
+        'advmon_advantage_std{stage="pre_norm"}': m["advantages/pre_norm/std"],
+        'advmon_advantage_min{stage="post_norm"}': m["advantages/post_norm/min"],
+        'advmon_advantage_max{stage="post_norm"}': m["advantages/post_norm/max"],
+        'advmon_advantage_abs_mean{stage="post_norm"}': m["advantages/post_norm/abs_mean"],
+        'advmon_advantage_percentile{stage="post_norm",percentile="99"}': m["advantages/post_norm/p99"],
+        'advmon_advantage_percentile{stage="pre_norm",percentile="1"}': m["advantages/pre_norm/p01"],
+        "advmon_reward_mean": m["rewards/mean"],
+        "advmon_reward_std": m["rewards/std"],
+        "advmon_zero_std_group_ratio": m["groups/zero_std_fraction"],
+        "advmon_groups": m["groups/count"],
+        "advmon_step": float(record.step),
+        "advmon_last_update_timestamp_seconds": record.time,
+        "advmon_updates_total": totals["updates"],
+        'advmon_nonfinite_values_total{stage="reward",kind="nan"}': totals["reward_nan"],
+        'advmon_nonfinite_values_total{stage="post_norm",kind="inf"}': 0.0,
+        'advmon_sink_errors_total{sink="jsonl"}': 0.0,
+        'advmon_dropped_records_total{sink="prometheus"}': 0.0,
+    }
+    return series
+
+
+def parse_exposition(text: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}"] = sample.value
+    return values
+
+
+def test_exposition_counters_start_at_zero_and_pass_promtool(tmp_path):
+    promtool = require_binary("promtool")
+    monitor = advmon.Monitor("expo", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), PrometheusSink(port=0)])
+    sink = monitor.sinks[1]
+    before = http_get(f"http://127.0.0.1:{sink.port}/metrics").decode()
+    assert 'advmon_updates_total{run="expo"} 0.0' in before
+    assert 'advmon_nonfinite_values_total{kind="nan",run="expo",stage="reward"} 0.0' in parse_exposition_lines(before)
+    assert 'advmon_sink_errors_total{run="expo",sink="jsonl"} 0.0' in before
+    assert "advmon_advantage_mean" not in before  # no record yet, no gauge
+    record = run_steps(monitor)
+    text = http_get(f"http://127.0.0.1:{sink.port}/metrics").decode()
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    values = parse_exposition(text)
+    nan_total = sum(r.metrics["rewards/nan_count"] for r in advmon.read_jsonl(tmp_path / "r.jsonl"))
+    assert values['advmon_nonfinite_values_total{kind="nan",run="expo",stage="reward"}'] == nan_total
+    assert values['advmon_advantage_mean{run="expo",stage="post_norm"}'] == record.metrics["advantages/post_norm/mean"]
+    assert values['advmon_advantage_percentile{percentile="50",run="expo",stage="pre_norm"}'] == record.metrics[
+        "advantages/pre_norm/p50"
+    ]
+    assert 'quantile="' not in text
+    monitor.close()
+
+
+def parse_exposition_lines(text: str) -> str:
+    """Exposition text with each sample's labels sorted, for stable substring checks."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("#") or "{" not in line:
+            lines.append(line)
+            continue
+        name, rest = line.split("{", 1)
+        labels, value = rest.rsplit("}", 1)
+        lines.append(f"{name}{{{','.join(sorted(labels.split(',')))}}}{value}")
+    return "\n".join(lines)
+
+
+def query(url: str, promql: str) -> list[dict]:
+    body = http_get(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}")
+    data = json.loads(body)
+    assert data["status"] == "success", data
+    return data["data"]["result"]
+
+
+def assert_prometheus_has(url: str, run: str, expected: dict[str, float]) -> None:
+    def matches(promql: str, want: float) -> bool:
+        selector = promql.replace("{", f'{{run="{run}",', 1) if "{" in promql else f'{promql}{{run="{run}"}}'
+        result = query(url, selector)
+        if len(result) != 1:
+            return False
+        have = float(result[0]["value"][1])
+        return (math.isnan(want) and math.isnan(have)) or have == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+    for promql, want in expected.items():
+        wait_for(lambda: matches(promql, want), 40, f"Prometheus to report {promql} = {want}")
+
+
+def test_a_real_prometheus_scrapes_the_last_record(tmp_path):
+    sink = PrometheusSink(port=0)
+    prometheus, url = start_prometheus(tmp_path, {"advmon": f"127.0.0.1:{sink.port}"})
+    try:
+        with advmon.Monitor("scraped", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), sink]) as monitor:
+            record = run_steps(monitor)
+            records = advmon.read_jsonl(tmp_path / "r.jsonl")
+            totals = {"updates": float(len(records)), "reward_nan": sum(r.metrics["rewards/nan_count"] for r in records)}
+            assert_prometheus_has(url, "scraped", expected_series(record, totals))
+    finally:
+        prometheus.stop()
+
+
+def test_the_same_through_a_real_pushgateway(tmp_path):
+    gateway, gateway_url = start_pushgateway(tmp_path)
+    prometheus, url = start_prometheus(tmp_path, {"pushgateway": gateway_url.removeprefix("http://")}, honor_labels=True)
+    try:
+        push = PushgatewaySink(gateway_url, delete_on_close=True)
+        monitor = advmon.Monitor("pushed", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), push])
+        record = run_steps(monitor)
+        monitor.flush()
+        records = advmon.read_jsonl(tmp_path / "r.jsonl")
+        totals = {"updates": float(len(records)), "reward_nan": sum(r.metrics["rewards/nan_count"] for r in records)}
+        expected = expected_series(record, totals)
+        expected['advmon_dropped_records_total{sink="pushgateway"}'] = 0.0
+        del expected['advmon_dropped_records_total{sink="prometheus"}']
+        assert_prometheus_has(url, "pushed", expected)
+        groups = json.loads(http_get(f"{gateway_url}/api/v1/metrics"))["data"]
+        assert [g["labels"]["run"] for g in groups] == ["pushed"]
+        monitor.close()  # delete_on_close removes the run's group
+        assert json.loads(http_get(f"{gateway_url}/api/v1/metrics"))["data"] == []
+    finally:
+        prometheus.stop()
+        gateway.stop()
+
+
+def test_scrape_mode_beside_the_trainers_own_exporter():
+    from prometheus_client import REGISTRY, CollectorRegistry, Gauge, start_http_server
+
+    trainer_registry = CollectorRegistry()
+    Gauge("trainer_loss", "the trainer's own metric", registry=trainer_registry).set(0.5)
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=trainer_registry)
+    try:
+        own_port = PrometheusSink(port=0)  # advmon's own endpoint and registry
+        shared = PrometheusSink(registry=trainer_registry)  # advmon inside the trainer's exporter
+        assert shared.port is None
+        monitor = advmon.Monitor("beside", sinks=[own_port, shared])
+        monitor.observe(rewards=torch.tensor([1.0, 0.0]))
+        trainer_text = http_get(f"http://127.0.0.1:{server.server_port}/metrics").decode()
+        advmon_text = http_get(f"http://127.0.0.1:{own_port.port}/metrics").decode()
+        assert "trainer_loss 0.5" in trainer_text and 'advmon_reward_mean{run="beside"} 0.5' in trainer_text
+        assert "trainer_loss" not in advmon_text and 'advmon_reward_mean{run="beside"} 0.5' in advmon_text
+        assert "advmon_" not in "\n".join(
+            line for line in __import__("prometheus_client").generate_latest(REGISTRY).decode().splitlines()
+            if not line.startswith("#")
+        )
+        monitor.close()
+        with pytest.raises(OSError):  # the endpoint is closed
+            http_get(f"http://127.0.0.1:{own_port.port}/metrics", timeout=0.5)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_endpoint_binds_loopback_by_default():
+    sink = PrometheusSink(port=free_port())
+    try:
+        assert sink._server.server_address[0] == "127.0.0.1"
+    finally:
+        sink.close()

@@ -1,0 +1,131 @@
+"""The W&B sink in offline mode, read back from the written .wandb file."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import advmon
+from advmon.sinks.wandb import WandbSink
+
+from .estimators import GRPOLikeEstimator
+from .test_monitor import grpo_batch
+from .wandb_file import history_rows, metric_definitions, summaries
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    yield wandb
+    if wandb.run is not None:
+        wandb.run.finish()
+
+
+def run_file(tmp_path):
+    (path,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    return path
+
+
+def test_every_value_reaches_the_wandb_file(tmp_path, offline_wandb):
+    monitor = advmon.Monitor("wb-own", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), WandbSink(project="advmon-test", dir=str(tmp_path))])
+    estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
+    for step in (3, 4, 5):
+        prompts, rewards, mask = grpo_batch(seed=step, nan_rewards=1 if step == 5 else 0)
+        with monitor.step(step):
+            estimator.compute_advantage(prompts, rewards, mask)
+    monitor.close()
+    records = advmon.read_jsonl(tmp_path / "r.jsonl")
+    rows = history_rows(run_file(tmp_path))
+    assert [row["advmon/step"] for row in rows] == [3, 4, 5]
+    for record, row in zip(records, rows):
+        for key, value in record.metrics.items():
+            if math.isfinite(value):
+                assert row[key] == value, key  # JSON round-trips doubles exactly
+            else:
+                assert key not in row, key  # unavailable values are not logged
+    definitions = {d.glob_name or d.name: d for d in metric_definitions(run_file(tmp_path))}
+    assert definitions["advantages/*"].step_metric == "advmon/step"
+    assert definitions["rewards/*"].step_metric == "advmon/step"
+    summary = summaries(run_file(tmp_path))["advantages/post_norm/max"]
+    values = [r.metrics["advantages/post_norm/max"] for r in records]
+    assert summary == {"min": min(values), "max": max(values), "last": values[-1]}
+
+
+def test_logging_into_the_trainers_run_never_moves_its_step(tmp_path, offline_wandb):
+    trainer_run = offline_wandb.init(project="advmon-test", name="trainer", dir=str(tmp_path))
+    monitor = advmon.Monitor("wb-shared", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), WandbSink()])
+    for step in range(5):
+        trainer_run.log({"loss": 1.0 / (step + 1)}, step=step)
+        trainer_run.log({"lr": 0.1}, step=step)  # trainers log several times per step
+        monitor.observe(rewards=torch.tensor([1.0, 0.0, float(step)]))
+        monitor.flush()  # the record joins the row the trainer is filling
+    trainer_run.log({"loss": 0.0}, step=5)
+    monitor.close()
+    assert offline_wandb.run is trainer_run  # advmon did not finish the trainer's run
+    trainer_run.finish()
+    rows = history_rows(run_file(tmp_path))
+    assert [row["_step"] for row in rows] == list(range(6))  # no trainer step dropped or added
+    assert all(row["lr"] == 0.1 for row in rows[:5])
+    assert [row.get("advmon/step") for row in rows] == [0, 1, 2, 3, 4, None]
+    assert [row.get("rewards/max") for row in rows[:5]] == [1.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_run_of_its_own_beside_the_trainers(tmp_path, offline_wandb):
+    trainer_run = offline_wandb.init(project="advmon-test", name="trainer", dir=str(tmp_path))
+    sink = WandbSink(project="advmon-test", join_active_run=False, dir=str(tmp_path))
+    monitor = advmon.Monitor("wb-own-beside", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), sink])
+    for step in range(3):
+        trainer_run.log({"loss": 1.0}, step=step)
+        monitor.observe(rewards=torch.tensor([float(step), 0.0]))
+    monitor.close()
+    trainer_run.finish()
+    files = sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 2
+    by_keys = {("loss" in history_rows(f)[0]): history_rows(f) for f in files}
+    assert [row["advmon/step"] for row in by_keys[False]] == [0, 1, 2]
+    assert [row["_step"] for row in by_keys[True]] == [0, 1, 2]
+
+
+def test_without_wandb_installed_the_error_says_what_to_install(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_wandb(name, *args, **kwargs):
+        if name == "wandb" or name.startswith("wandb."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    monkeypatch.delitem(__import__("sys").modules, "wandb", raising=False)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'advmon\[wandb\]'"):
+        WandbSink()
+
+
+def test_records_queued_at_exit_reach_wandb_before_it_finishes(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import os, torch, advmon
+        from advmon.sinks.wandb import WandbSink
+        os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+        monitor = advmon.Monitor("wb-exit", sinks=[advmon.JsonlSink({str(tmp_path / 'r.jsonl')!r}),
+                                                   WandbSink(project="advmon-test", dir={str(tmp_path)!r})])
+        for step in range(5):
+            monitor.observe(rewards=torch.tensor([float(step), 1.0]))
+        # no close(): exit hooks deliver the queue before W&B finishes the run
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [row["advmon/step"] for row in history_rows(run_file(tmp_path))] == [0, 1, 2, 3, 4]
