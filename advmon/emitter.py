@@ -99,6 +99,13 @@ class SinkWorker:
         self._thread.join(timeout=0.1)
         return max(left, undelivered)
 
+    def _report_safely(self, kind: str, message: str) -> None:
+        # Warnings turned into errors (-W error) must not kill the delivery thread.
+        try:
+            self._on_failure(kind, message)
+        except Exception:  # noqa: BLE001, S110 - the failure is counted either way
+            pass
+
     def _run(self) -> None:
         while True:
             with self._condition:
@@ -126,7 +133,7 @@ class SinkWorker:
             if attempt < self.policy.retries and not self._stopping:
                 time.sleep(self.policy.delay(attempt))
         self.errors += 1
-        self._on_failure(
+        self._report_safely(
             f"sink:{self.name}",
             f"sink {self.name} failed to write step {record.step} after {self.policy.retries + 1} attempts: "
             f"{type(error).__name__}: {error} (counted in advmon/sink_errors/{self.name}; "

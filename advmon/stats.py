@@ -265,7 +265,6 @@ def _sketch_one_pass(values: torch.Tensor, valid: torch.Tensor | None) -> Part |
     # Excluded entries are zeroed; when 0 lies in the range their bin is in range too.
     zero_in_range = bool(whole_low <= 0 <= whole_high)
     histogram = torch.zeros(_HIST_LEN + 1, dtype=torch.float64)
-    index = None
     rows = []
     for x, keep, (spare, other) in _row_chunks(values, valid, 2):
         # x is finite, so multiplying by the 0/1 weights zeroes excluded entries.
@@ -294,10 +293,7 @@ def _sketch_one_pass(values: torch.Tensor, valid: torch.Tensor | None) -> Part |
         x.floor_().sub_(offset)
         if not zero_in_range and keep is not None:
             x.clamp_(0, _HIST_LEN)
-        if index is None or index.shape != x.shape:
-            index = torch.empty(x.shape, dtype=torch.int64)
-        index.copy_(x)
-        _count_bins(histogram, index.reshape(-1))
+        _count_bins(histogram, x)
     table = torch.stack(rows)
     n_valid = table[:, 0].sum()
     with_values = table[:, 0] > 0
@@ -323,20 +319,12 @@ def _sketch_two_passes(values: torch.Tensor, valid: torch.Tensor | None) -> Part
     Masks are applied by multiplying with 0/1 float weights: on CPU that is many
     times faster than ``where``/``masked_fill`` with a bool mask.
     """
-    rows, cols = values.shape
-    device = values.device
     # Data-dependent shortcuts (skipping the finiteness masks for clean chunks) are
     # only taken on the CPU, where looking at a value costs no device sync.
-    may_branch = device.type == "cpu"
-    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
-    buffers = [torch.empty((min(step, rows), cols), dtype=torch.float64, device=device) for _ in range(4)]
+    may_branch = values.device.type == "cpu"
 
     def chunks():
-        for start in range(0, rows, step):
-            height = min(step, rows - start)
-            x, weight, spare, other = (b[:height] for b in buffers)
-            x.copy_(values[start : start + step])
-            keep = None if valid is None else _keep_weights(valid[start : start + step], weight)
+        for x, keep, (spare, other) in _row_chunks(values, valid, 2):
             yield _Chunk(x, keep, spare, other, may_branch)
 
     first = torch.stack([chunk.counts() for chunk in chunks()])
@@ -346,14 +334,11 @@ def _sketch_two_passes(values: torch.Tensor, valid: torch.Tensor | None) -> Part
     level, offset = _histogram_level(low, high)
     factors = _scale_factors(level)
 
-    histogram = torch.zeros(_HIST_LEN + 1, dtype=torch.float64, device=device)
-    index = torch.empty(buffers[0].shape, dtype=torch.int64, device=device)
+    histogram = torch.zeros(_HIST_LEN + 1, dtype=torch.float64, device=values.device)
     centered_sums = []
     for chunk in chunks():
         centered_sums.append(chunk.centered_sums(center))
-        bins = index[: chunk.kept.shape[0]]
-        bins.copy_(chunk.bins(factors, offset))
-        _count_bins(histogram, bins.reshape(-1))
+        _count_bins(histogram, chunk.bins(factors, offset))
     scalars = torch.cat(
         [
             counts,
@@ -453,6 +438,8 @@ def _scale_factors(level: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _count_bins(histogram: torch.Tensor, bins: torch.Tensor) -> None:
+    """Add the bins (whole numbers in ``[0, len(histogram))``, any dtype) to the histogram."""
+    bins = bins.reshape(-1).to(torch.int64)
     if histogram.device.type == "cpu":
         # bincount is ~3x faster than index_add_ on CPU; on CUDA it would sync.
         histogram += torch.bincount(bins, minlength=histogram.numel())
