@@ -163,10 +163,11 @@ def test_every_dtype_is_summarised_exactly(dtype, sketch_everything):
 @pytest.mark.parametrize("mask_dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
 def test_row_valid_counts(mask_dtype):
     rng = np.random.default_rng(9)
-    mask = rng.choice([0.0, 1.0, 0.25, -1.0], size=(37, 19))
-    counts = row_valid_counts(torch.from_numpy(mask).to(mask_dtype))
-    expected = (torch.from_numpy(mask).to(mask_dtype).to(torch.float64) > 0).sum(1)
-    assert counts.tolist() == expected.tolist()
+    for values in ([0.0, 1.0, 0.25, -1.0], [0.0, 1.0], [-0.0, 1.0], [0.0, 1.0, float("nan")], [1e-30, 0.0, 1.0]):
+        mask = rng.choice(values, size=(37, 19))
+        counts = row_valid_counts(torch.from_numpy(mask).to(mask_dtype))
+        expected = (torch.from_numpy(mask).to(mask_dtype).to(torch.float64) > 0).sum(1)
+        assert counts.tolist() == expected.tolist(), values
 
 
 @settings(max_examples=300, deadline=None)
