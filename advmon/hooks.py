@@ -156,9 +156,7 @@ def is_watched(fn: Any, monitor: Monitor | None | object = ...) -> bool:
     """Whether ``fn`` (or a bound method's function) is an advmon wrapper, for ``monitor`` if given."""
     keys = [getattr(fn, _WATCHED, None), getattr(getattr(fn, "__func__", None), _WATCHED, None)]
     keys = [k for k in keys if k is not None]
-    if monitor is ...:
-        return bool(keys)
-    return any(k is _target_key(monitor) or k == _target_key(monitor) for k in keys)
+    return bool(keys) if monitor is ... else _target_key(monitor) in keys
 
 
 def instrument(target: Any, monitor: Monitor | None, method: str, names: ArgumentNames) -> Any:
