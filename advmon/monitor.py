@@ -225,7 +225,10 @@ class Monitor:
             with torch.no_grad():
                 taps: dict[str, list[Part]] = {}
                 if pre_norm is not None:
-                    taps["pre_norm"] = [tensor_part(_required_tensor(pre_norm, "pre_norm"), as_tensor(mask, "mask"))]
+                    try:
+                        taps["pre_norm"] = [tensor_part(_required_tensor(pre_norm, "pre_norm"), as_tensor(mask, "mask"))]
+                    except ObservationError as error:  # still record the rest
+                        problems.append(error.problem)
                 parts = observe_call(
                     estimator="observe",
                     rewards=rewards,

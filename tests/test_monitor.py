@@ -466,3 +466,10 @@ def test_step_source_aggregates_calls_of_one_training_step(sink):
     assert all(r.metrics["rewards/count"] == 16 for r in sink.records)
     with pytest.raises(advmon.AdvmonConfigError, match="callable"):
         advmon.Monitor("x", sinks=[], step_source=3)
+
+
+def test_observe_records_the_rest_when_pre_norm_is_unusable(monitor, sink):
+    with pytest.warns(advmon.AdvmonWarning, match="mask of shape"):
+        monitor.observe(rewards=torch.ones(4), pre_norm=torch.ones(4, 3), mask=torch.ones(4, 2))
+    metrics = sink.records[-1].metrics
+    assert metrics["rewards/count"] == 4 and monitor.internal_errors == 1
