@@ -56,9 +56,9 @@ def watch(fn: F) -> F: ...
 def watch(
     fn: None = None,
     *,
-    rewards: str = "rewards",
-    mask: str = "mask",
-    groups: str = "prompt_ids",
+    rewards: str | None = "rewards",
+    mask: str | None = "mask",
+    groups: str | None = "prompt_ids",
     group_size: int | None = None,
 ) -> Callable[[F], F]: ...
 
@@ -66,9 +66,9 @@ def watch(
 def watch(
     fn: F | None = None,
     *,
-    rewards: str = "rewards",
-    mask: str = "mask",
-    groups: str = "prompt_ids",
+    rewards: str | None = "rewards",
+    mask: str | None = "mask",
+    groups: str | None = "prompt_ids",
     group_size: int | None = None,
 ) -> F | Callable[[F], F]:
     """Like :meth:`Monitor.watch`, on the process-wide monitor :func:`get_monitor`.

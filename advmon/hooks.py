@@ -38,18 +38,20 @@ class ArgumentNames:
     The defaults match NeMo-RL's ``compute_advantage(prompt_ids, rewards, mask)``;
     verl's ``compute_grpo_outcome_advantage`` needs
     ``ArgumentNames(rewards="token_level_rewards", mask="response_mask", groups="index")``.
+    ``None`` means the estimator has no such input: nothing is read, and for
+    rewards their absence is not a problem (GDPO reads its rewards elsewhere).
     """
 
-    rewards: str = "rewards"
-    mask: str = "mask"
-    groups: str = "prompt_ids"
+    rewards: str | None = "rewards"
+    mask: str | None = "mask"
+    groups: str | None = "prompt_ids"
     group_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("rewards", "mask", "groups"):
             value = getattr(self, name)
-            if not isinstance(value, str) or not value.isidentifier():
-                raise AdvmonConfigError(f"argument name for {name} must be an identifier, got {value!r}")
+            if value is not None and (not isinstance(value, str) or not value.isidentifier()):
+                raise AdvmonConfigError(f"argument name for {name} must be an identifier or None, got {value!r}")
         size = self.group_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise AdvmonConfigError(f"group_size must be a positive int or None, got {size!r}")
@@ -144,7 +146,9 @@ def _bind(
             extra = bound.arguments.get(parameter.name, {})
     arguments = bound.arguments
 
-    def lookup(name: str) -> Any:
+    def lookup(name: str | None) -> Any:
+        if name is None:
+            return None
         return arguments[name] if name in arguments else extra.get(name)
 
     owner = arguments.get("self", owner)

@@ -155,9 +155,9 @@ class Monitor:
         self,
         fn: None = None,
         *,
-        rewards: str = "rewards",
-        mask: str = "mask",
-        groups: str = "prompt_ids",
+        rewards: str | None = "rewards",
+        mask: str | None = "mask",
+        groups: str | None = "prompt_ids",
         group_size: int | None = None,
     ) -> Callable[[F], F]: ...
 
@@ -165,16 +165,17 @@ class Monitor:
         self,
         fn: F | None = None,
         *,
-        rewards: str = "rewards",
-        mask: str = "mask",
-        groups: str = "prompt_ids",
+        rewards: str | None = "rewards",
+        mask: str | None = "mask",
+        groups: str | None = "prompt_ids",
         group_size: int | None = None,
     ) -> F | Callable[[F], F]:
         """Decorate an estimator function or method; use bare or with argument names.
 
         Arguments are bound by name (positional and keyword calls both work);
-        ``rewards``, ``mask`` and ``groups`` name the estimator's parameters, and
-        ``group_size`` groups contiguous blocks instead.
+        ``rewards``, ``mask`` and ``groups`` name the estimator's parameters
+        (``None``: it has no such input), and ``group_size`` groups contiguous
+        blocks instead.
 
         Example:
             >>> monitor = Monitor("doc", sinks=[])
@@ -375,6 +376,7 @@ class Monitor:
                     group_size=names.group_size,
                     reward_range=self.reward_range,
                     problems=call.problems,
+                    rewards_expected=names.rewards is not None,
                 )
         except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the estimator's
             call.problems.append(_internal_problem(exc))

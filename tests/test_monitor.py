@@ -196,6 +196,10 @@ def test_gdpo_called_positionally_with_rewards_none(monitor, sink):
     assert math.isnan(metrics["rewards/mean"]) and sink.records[-1].pre_norm_source is None
     assert metrics["groups/count"] == 6 and math.isnan(metrics["groups/zero_std_fraction"])
     assert metrics["advmon/internal_errors"] == 1
+    # Saying the estimator has no rewards input makes it a normal call.
+    quiet = advmon.instrument(GDPOLikeEstimator(), monitor, rewards=None)
+    quiet.compute_advantage(prompts, None, mask, batch)
+    assert sink.records[-1].metrics["advmon/internal_errors"] == 1
 
 
 def test_chunked_step_equals_one_call_on_the_whole_batch(sink):
