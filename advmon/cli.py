@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
-    from advmon.emitter import DeliveryPolicy
+    from advmon.emitter import DeliveryPolicy, attach_sink, write_with_retries
     from advmon.sinks.jsonl import read_jsonl
     from advmon.sinks.specs import parse_spec, sink_from_spec
 
@@ -100,15 +100,15 @@ def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
     for spec in specs:
         for run in dict.fromkeys(r.run for r in records):
             sink = sink_from_spec(spec, run)
-            attach = getattr(sink, "attach", None)
-            if callable(attach):
-                attach(run=run, sink_names=[spec.partition(":")[0]])
+            attach_sink(sink, run, [spec.partition(":")[0]])
             sent = 0
             for record in (r for r in records if r.run == run):
-                if _write_with_retries(sink, record, policy):
+                error = write_with_retries(sink, record, policy)
+                if error is None:
                     sent += 1
                 else:
                     failed += 1
+                    print(f"advmon: step {record.step}: {type(error).__name__}: {error}", file=sys.stderr)
             close = getattr(sink, "close", None)
             if callable(close):
                 close()
@@ -117,21 +117,6 @@ def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
         print(f"advmon: error: {failed} record(s) could not be sent", file=sys.stderr)
         return 1
     return 0
-
-
-def _write_with_retries(sink, record, policy) -> bool:
-    import time
-
-    for attempt in range(policy.retries + 1):
-        try:
-            sink.write(record)
-            return True
-        except Exception as exc:  # noqa: BLE001 - reported per record, the replay goes on
-            error = exc
-            if attempt < policy.retries:
-                time.sleep(policy.delay(attempt))
-    print(f"advmon: step {record.step}: {type(error).__name__}: {error}", file=sys.stderr)
-    return False
 
 
 def entry_point() -> None:

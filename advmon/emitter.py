@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from advmon.record import Record
 from advmon.sinks.base import SinkLike
 
-__all__ = ["Delivery", "DeliveryPolicy", "SinkWorker"]
+__all__ = ["Delivery", "DeliveryPolicy", "SinkWorker", "attach_sink", "write_with_retries"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,29 @@ class DeliveryPolicy:
 
     def delay(self, attempt: int) -> float:
         return min(self.backoff_seconds * 2**attempt, self.max_backoff_seconds)
+
+
+def write_with_retries(
+    sink: SinkLike, record: Record, policy: DeliveryPolicy, stopping: Callable[[], bool] = lambda: False
+) -> Exception | None:
+    """Write one record, retrying with backoff; the last error, or ``None`` once written."""
+    error: Exception | None = None
+    for attempt in range(policy.retries + 1):
+        try:
+            sink.write(record)
+            return None
+        except Exception as exc:  # noqa: BLE001 - any sink failure is retried, then reported
+            error = exc
+        if attempt < policy.retries and not stopping():
+            time.sleep(policy.delay(attempt))
+    return error
+
+
+def attach_sink(sink: SinkLike, run: str, sink_names: list[str]) -> None:
+    """Tell a sink its run id and its siblings' names, if it wants to know."""
+    attach = getattr(sink, "attach", None)
+    if callable(attach):
+        attach(run=run, sink_names=sink_names)
 
 
 class SinkWorker:
@@ -123,15 +146,10 @@ class SinkWorker:
                     self._condition.notify_all()
 
     def _deliver(self, record: Record) -> None:
-        for attempt in range(self.policy.retries + 1):
-            try:
-                self.sink.write(record)
-                self.delivered += 1
-                return
-            except Exception as exc:  # noqa: BLE001 - any sink failure is retried, then counted
-                error = exc
-            if attempt < self.policy.retries and not self._stopping:
-                time.sleep(self.policy.delay(attempt))
+        error = write_with_retries(self.sink, record, self.policy, lambda: self._stopping)
+        if error is None:
+            self.delivered += 1
+            return
         self.errors += 1
         self._report_safely(
             f"sink:{self.name}",
@@ -158,9 +176,7 @@ class Delivery:
         self._sync_errors: dict[str, int] = {}
         self.workers: list[SinkWorker] = []
         for sink, name in zip(sinks, self.names):
-            attach = getattr(sink, "attach", None)
-            if callable(attach):
-                attach(run=run, sink_names=self.names)
+            attach_sink(sink, run, self.names)
             if getattr(sink, "synchronous", False):
                 self._sync.append((sink, name))
                 self._sync_errors[name] = 0

@@ -303,10 +303,7 @@ class Monitor:
     def flush(self, timeout: float | None = None) -> None:
         """Emit the step a ``step_source`` monitor is still collecting and wait for
         asynchronous sinks to take what is queued (at most ``timeout`` seconds)."""
-        with self._lock:
-            followed, self._followed = self._followed, None
-        if followed is not None:
-            self._emit(*followed)
+        self._emit_followed()
         self._delivery.flush(self.close_timeout if timeout is None else timeout)
 
     def close(self, timeout: float | None = None) -> None:
@@ -322,11 +319,9 @@ class Monitor:
             self._closed = True
             calls, self._pending = self._pending, []
             step = self._open_step
-            followed, self._followed = self._followed, None
         if calls and step is not None:
             self._emit(step, calls)
-        if followed is not None:
-            self._emit(*followed)
+        self._emit_followed()
         undelivered = self._delivery.close(self.close_timeout if timeout is None else timeout)
         for name, count in undelivered.items():
             if count:
@@ -459,6 +454,13 @@ class Monitor:
             self._followed[1].append(parts)
         if finished is not None:
             self._emit(*finished)
+
+    def _emit_followed(self) -> None:
+        """Emit the step a ``step_source`` monitor is still collecting, if any."""
+        with self._lock:
+            followed, self._followed = self._followed, None
+        if followed is not None:
+            self._emit(*followed)
 
     def _emit(self, step: int, calls: list[CallParts], quiet: bool = False) -> None:
         try:

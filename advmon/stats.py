@@ -286,9 +286,7 @@ def _sketch_one_pass(values: torch.Tensor, valid: torch.Tensor | None) -> Part |
         low, high = torch.aminmax(x)
         if keep is not None and (low == 0 or high == 0) and n_valid < x.numel():
             # The zeros may be excluded entries: take the extrema the careful way.
-            excluded = _complement(keep, other)
-            low = torch.addcmul(x, excluded, _FLOAT64_MAX, out=spare).amin()
-            high = torch.addcmul(x, excluded, -_FLOAT64_MAX, out=spare).amax()
+            low, high = _kept_extrema(x, keep, spare, other)
         abssum = torch.abs(x, out=spare).sum()
         if keep is None:
             deviation = torch.sub(x, center, out=spare)
@@ -390,11 +388,7 @@ class _Chunk:
         if usable is None:
             low, high = torch.aminmax(kept)
         else:
-            # Excluded entries are 0 in `kept`: lift them above every value for
-            # the minimum and below every value for the maximum.
-            excluded = _complement(usable, self.other)
-            low = torch.addcmul(kept, excluded, _FLOAT64_MAX, out=self.spare).amin()
-            high = torch.addcmul(kept, excluded, -_FLOAT64_MAX, out=self.spare).amax()
+            low, high = _kept_extrema(kept, usable, self.spare, self.other)
             nothing = n_finite == 0
             low = torch.where(nothing, math.inf, low)
             high = torch.where(nothing, -math.inf, high)
@@ -422,6 +416,20 @@ class _Chunk:
 
 _FLOAT64_MAX = torch.tensor(torch.finfo(torch.float64).max, dtype=torch.float64)
 _TRASH = torch.tensor(float(_TRASH_BIN), dtype=torch.float64)
+
+
+def _kept_extrema(
+    kept: torch.Tensor, weights: torch.Tensor, spare: torch.Tensor, other: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Min and max over entries with weight 1 of ``kept``, whose excluded entries are 0.
+
+    The excluded zeros are lifted above every value for the minimum and below
+    every value for the maximum (float multiplies: no bool ``where`` on CPU).
+    """
+    excluded = _complement(weights, other)
+    low = torch.addcmul(kept, excluded, _FLOAT64_MAX, out=spare).amin()
+    high = torch.addcmul(kept, excluded, -_FLOAT64_MAX, out=spare).amax()
+    return low, high
 
 
 def _complement(weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

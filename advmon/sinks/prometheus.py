@@ -136,7 +136,22 @@ class AdvmonCollector:
         yield family
 
 
-class PrometheusSink(Sink):
+class _CollectorSink(Sink):
+    """A sink whose state is an :class:`AdvmonCollector` in a registry."""
+
+    def __init__(self, run: str, registry: Any = None) -> None:
+        self._client = require("prometheus_client", "prometheus")
+        self.collector = AdvmonCollector(run)
+        self.registry = registry if registry is not None else self._client.CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+
+    def attach(self, run: str, sink_names: Sequence[str]) -> None:
+        """Called by the monitor: the run label and the sinks whose counters start at 0."""
+        self.collector.run = run
+        self.collector.set_sink_names(sink_names)
+
+
+class PrometheusSink(_CollectorSink):
     """Expose the latest record for scraping.
 
     By default starts its own HTTP endpoint on ``host:port`` (``127.0.0.1``;
@@ -157,21 +172,13 @@ class PrometheusSink(Sink):
     synchronous = True  # an in-memory update: cheap enough for the training thread
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = 9464, registry: Any = None, run: str = "") -> None:
-        prometheus_client = require("prometheus_client", "prometheus")
-        self.collector = AdvmonCollector(run)
-        self.registry = registry if registry is not None else prometheus_client.CollectorRegistry(auto_describe=False)
-        self.registry.register(self.collector)
+        super().__init__(run, registry)
         self._server = None
         self.host = host
         self.port = None
         if registry is None and port is not None:
-            self._server, _ = prometheus_client.start_http_server(port, addr=host, registry=self.registry)
+            self._server, _ = self._client.start_http_server(port, addr=host, registry=self.registry)
             self.port = self._server.server_port
-
-    def attach(self, run: str, sink_names: Sequence[str]) -> None:
-        """Called by the monitor: the run label and the sinks whose counters start at 0."""
-        self.collector.run = run
-        self.collector.set_sink_names(sink_names)
 
     def write(self, record: Record) -> None:
         self.collector.update(record)
@@ -187,7 +194,7 @@ class PrometheusSink(Sink):
         return f"PrometheusSink({where})"
 
 
-class PushgatewaySink(Sink):
+class PushgatewaySink(_CollectorSink):
     """Push the latest record to a Pushgateway, grouped by ``run``.
 
     Each push replaces the run's group (``push_to_gateway``). Scrape the
@@ -200,19 +207,12 @@ class PushgatewaySink(Sink):
     def __init__(
         self, url: str, job: str = "advmon", run: str = "", timeout: float = 5.0, delete_on_close: bool = False
     ) -> None:
-        self._client = require("prometheus_client", "prometheus")
+        super().__init__(run)
         self.url = url
         self.job = job
         self.timeout = timeout
         self.delete_on_close = delete_on_close
-        self.collector = AdvmonCollector(run)
-        self.registry = self._client.CollectorRegistry(auto_describe=False)
-        self.registry.register(self.collector)
         self._last: Record | None = None
-
-    def attach(self, run: str, sink_names: Sequence[str]) -> None:
-        self.collector.run = run
-        self.collector.set_sink_names(sink_names)
 
     @property
     def grouping_key(self) -> dict[str, str]:
