@@ -30,7 +30,14 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["GROUP_COUNT_FIELDS", "GroupsError", "derived_pre_norm", "group_counts", "group_ids"]
+__all__ = [
+    "GROUP_COUNT_FIELDS",
+    "GroupsError",
+    "derived_pre_norm",
+    "group_counts",
+    "group_ids",
+    "merge_group_counts",
+]
 
 #: Layout of the tensor returned by :func:`group_counts`.
 GROUP_COUNT_FIELDS = (
@@ -41,7 +48,10 @@ GROUP_COUNT_FIELDS = (
     "nonfinite",
     "all_low",
     "all_high",
+    "max_size",
 )
+#: Fields merged across calls by ``max`` instead of a sum.
+_MAX_FIELDS = (GROUP_COUNT_FIELDS.index("max_size"),)
 
 
 class GroupsError(ValueError):
@@ -153,7 +163,8 @@ def group_counts(
     A group is zero-std when it has at least two finite rewards and they are all
     exactly equal; ``with_two_finite`` counts the groups that could be (the
     denominator of the zero-std fraction). ``all_low``/``all_high`` count those
-    of them whose finite rewards are all ``<= lo`` / ``>= hi``. Reward-dependent
+    of them whose finite rewards are all ``<= lo`` / ``>= hi``. ``max_size`` is
+    the largest group's size (what bounds a normalized advantage). Reward-dependent
     fields are ``nan`` without rewards; everything is 0 without groups.
     """
     device = rewards.device if rewards is not None else (ids.device if ids is not None else None)
@@ -165,6 +176,7 @@ def group_counts(
         counts = torch.full((len(GROUP_COUNT_FIELDS),), math.nan, dtype=torch.float64, device=ids.device)
         counts[0] = torch.count_nonzero(size > 0)
         counts[1] = torch.count_nonzero(size == 1)
+        counts[-1] = _largest(size)
         return counts
     group = _per_group(rewards.to(torch.float64), ids)
     exists = group["size"] > 0
@@ -179,10 +191,29 @@ def group_counts(
         comparable & (group["max"] <= low),
         comparable & (group["min"] >= high),
     ]
-    counts = torch.stack([torch.count_nonzero(f) for f in fields]).to(torch.float64)
+    counts = torch.stack([*(torch.count_nonzero(f) for f in fields), _largest(group["size"])]).to(torch.float64)
     if reward_range is None:
-        counts[5:] = math.nan
+        counts[5:7] = math.nan
     return counts
+
+
+def _largest(sizes: torch.Tensor) -> torch.Tensor:
+    return sizes.max().to(torch.int64) if sizes.numel() else torch.zeros((), dtype=torch.int64, device=sizes.device)
+
+
+def merge_group_counts(totals: Any, counts: Any) -> Any:
+    """Merge two calls' :func:`group_counts` (NumPy arrays): sums, and ``max`` for ``max_size``.
+
+    Example:
+        >>> import numpy as np
+        >>> a = np.array([2, 0, 2, 1, 0, 0, 0, 8.0]); b = np.array([1, 0, 1, 0, 0, 0, 0, 4.0])
+        >>> merge_group_counts(a, b).tolist()
+        [3.0, 0.0, 3.0, 1.0, 0.0, 0.0, 0.0, 8.0]
+    """
+    merged = totals + counts
+    for index in _MAX_FIELDS:
+        merged[index] = max(totals[index], counts[index])
+    return merged
 
 
 def derived_pre_norm(rewards: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:

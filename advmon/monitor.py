@@ -25,6 +25,7 @@ import torch
 
 from advmon.emitter import Delivery, DeliveryPolicy
 from advmon.errors import AdvmonConfigError, AdvmonError, AdvmonWarning
+from advmon.groups import merge_group_counts
 from advmon.hooks import ActiveCall, ArgumentNames, instrument as _instrument, watch_with
 from advmon.observation import (
     CallParts,
@@ -496,7 +497,7 @@ class Monitor:
                     stage_parts.setdefault(stage, []).append(host)
             if call.groups is not None:
                 counts = next(arrays)
-                group_totals = counts.copy() if group_totals is None else group_totals + counts
+                group_totals = counts.copy() if group_totals is None else merge_group_counts(group_totals, counts)
             for key, value in call.estimator_metrics.items():
                 number = float(next(arrays)[0]) if isinstance(value, torch.Tensor) else float(value)
                 estimator_metrics[f"estimator/{key}"] = number

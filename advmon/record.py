@@ -6,7 +6,7 @@ are the contract that sinks, dashboards and alerts rely on:
 * ``rewards/{mean,std,min,max,count,nan_count,inf_count}`` (per sequence);
 * ``advantages/pre_norm/{...}`` and ``advantages/post_norm/{...}`` with
   :data:`advmon.stats.VALUE_KEYS`;
-* ``groups/{count,singleton_count,zero_std_count,zero_std_fraction,nonfinite_count}``
+* ``groups/{count,singleton_count,zero_std_count,zero_std_fraction,nonfinite_count,max_size}``
   and, with a reward range, ``groups/{all_low_fraction,all_high_fraction}``;
 * ``estimator/<name>`` for metrics the estimator reports itself;
 * ``advmon/internal_errors``: problems advmon met so far in this run.
@@ -25,7 +25,7 @@ from typing import Any
 from advmon.groups import GROUP_COUNT_FIELDS
 from advmon.stats import VALUE_KEYS
 
-__all__ = ["REWARD_KEYS", "Record", "group_metrics", "stage_metrics"]
+__all__ = ["REWARD_KEYS", "Record", "abs_max", "group_metrics", "stage_metrics"]
 
 REWARD_KEYS = ("mean", "std", "min", "max", "count", "nan_count", "inf_count")
 _FIELD = {name: i for i, name in enumerate(GROUP_COUNT_FIELDS)}
@@ -100,6 +100,7 @@ def group_metrics(totals: list[float] | None, reward_range: tuple[float, float] 
         "groups/zero_std_count": totals[_FIELD["zero_std"]],
         "groups/zero_std_fraction": _ratio(totals[_FIELD["zero_std"]], comparable),
         "groups/nonfinite_count": totals[_FIELD["nonfinite"]],
+        "groups/max_size": totals[_FIELD["max_size"]],
     }
     if reward_range is not None:
         metrics["groups/all_low_fraction"] = _ratio(totals[_FIELD["all_low"]], comparable)
@@ -109,3 +110,15 @@ def group_metrics(totals: list[float] | None, reward_range: tuple[float, float] 
 
 def _ratio(part: float, whole: float) -> float:
     return part / whole if whole > 0 else math.nan
+
+
+def abs_max(metrics: Mapping[str, float], stage: str) -> float:
+    """``max(|min|, |max|)`` of a stage's advantages; ``nan`` when neither is known.
+
+    Example:
+        >>> abs_max({"advantages/post_norm/min": -3.0, "advantages/post_norm/max": 2.0}, "post_norm")
+        3.0
+    """
+    ends = [abs(metrics.get(f"advantages/{stage}/{end}", math.nan)) for end in ("min", "max")]
+    finite = [e for e in ends if not math.isnan(e)]
+    return max(finite) if finite else math.nan

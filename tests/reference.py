@@ -72,6 +72,7 @@ def group_stats(rewards, keys, reward_range=None) -> dict[str, float]:
         "groups/zero_std_count": float(zero),
         "groups/zero_std_fraction": zero / comparable if comparable else math.nan,
         "groups/nonfinite_count": float(nonfinite),
+        "groups/max_size": float(max((len(v) for v in members.values()), default=0)),
     }
     if reward_range is not None:
         stats["groups/all_low_fraction"] = low / comparable if comparable else math.nan

@@ -34,6 +34,7 @@ def test_group_counts_match_python(keys, data, as_rows):
     assert counts["singletons"] == expected["groups/singleton_count"]
     assert counts["zero_std"] == expected["groups/zero_std_count"]
     assert counts["nonfinite"] == expected["groups/nonfinite_count"]
+    assert counts["max_size"] == expected["groups/max_size"]
     if counts["with_two_finite"]:
         assert counts["zero_std"] / counts["with_two_finite"] == pytest.approx(expected["groups/zero_std_fraction"])
         assert counts["all_low"] / counts["with_two_finite"] == pytest.approx(expected["groups/all_low_fraction"])
@@ -71,5 +72,6 @@ def test_bad_groups_are_reported(groups, kwargs, message):
 def test_counts_without_rewards_or_groups():
     ids = group_ids(None, 6, group_size=4)
     counts = group_counts(None, ids, None).tolist()
-    assert counts[:2] == [2.0, 0.0] and all(math.isnan(c) for c in counts[2:])
+    assert counts[:2] == [2.0, 0.0] and all(math.isnan(c) for c in counts[2:-1])
+    assert counts[-1] == 4.0  # max_size needs no rewards
     assert group_counts(torch.ones(3), None, None).tolist() == [0.0] * len(GROUP_COUNT_FIELDS)

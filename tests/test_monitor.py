@@ -33,7 +33,7 @@ from .reference import (
     value_stats,
 )
 
-GROUP_KEYS = ("count", "singleton_count", "zero_std_count", "zero_std_fraction", "nonfinite_count")
+GROUP_KEYS = ("count", "singleton_count", "zero_std_count", "zero_std_fraction", "nonfinite_count", "max_size")
 
 
 def grpo_batch(groups=6, size=8, tokens=20, seed=0, nan_rewards=0):

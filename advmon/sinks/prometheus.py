@@ -6,9 +6,12 @@ accumulate over records and exist at 0 from the start, so that ``increase()``
 sees the first increment.
 
 Gauges: ``advmon_advantage_{mean,std,min,max,abs_mean}{stage="pre_norm|post_norm"}``,
+``advmon_advantage_abs_max{stage}`` (the larger of ``|min|`` and ``|max|``),
 ``advmon_advantage_percentile{stage,percentile="1|10|50|90|99"}``,
 ``advmon_reward_{mean,std,min,max}``, ``advmon_zero_std_group_ratio``,
-``advmon_groups``, ``advmon_step``, ``advmon_last_update_timestamp_seconds``.
+``advmon_group_all_fail_ratio`` and ``advmon_group_all_pass_ratio`` (with a reward range),
+``advmon_groups``, ``advmon_group_max_size`` (the largest group, which bounds a
+normalized advantage), ``advmon_step``, ``advmon_last_update_timestamp_seconds``.
 
 Counters: ``advmon_nonfinite_values_total{stage="reward|pre_norm|post_norm",kind="nan|inf"}``,
 ``advmon_updates_total``, ``advmon_internal_errors_total``,
@@ -22,7 +25,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from advmon.record import Record
+from advmon.record import Record, abs_max
 from advmon.sinks.base import Sink, require
 
 __all__ = ["AdvmonCollector", "PrometheusSink", "PushgatewaySink"]
@@ -112,6 +115,10 @@ class AdvmonCollector:
             for stage in STAGES:
                 family.add_metric([run, stage], metrics.get(f"advantages/{stage}/{stat}", math.nan))
             yield family
+        family = gauge("advmon_advantage_abs_max", "Largest |advantage| of the last step", ["stage"])
+        for stage in STAGES:
+            family.add_metric([run, stage], abs_max(metrics, stage))
+        yield family
         family = gauge("advmon_advantage_percentile", "Advantage percentiles of the last step", ["stage", "percentile"])
         for stage in STAGES:
             for label, key in PERCENTILES:
@@ -124,6 +131,9 @@ class AdvmonCollector:
         for name, key, doc in (
             ("advmon_zero_std_group_ratio", "groups/zero_std_fraction", "Fraction of groups whose rewards are all equal"),
             ("advmon_groups", "groups/count", "Prompt groups in the last step"),
+            ("advmon_group_max_size", "groups/max_size", "Samples in the largest prompt group of the last step"),
+            ("advmon_group_all_fail_ratio", "groups/all_low_fraction", "Fraction of groups whose rewards are all <= the low end"),
+            ("advmon_group_all_pass_ratio", "groups/all_high_fraction", "Fraction of groups whose rewards are all >= the high end"),
         ):
             family = gauge(name, doc)
             family.add_metric([run], metrics.get(key, math.nan))
