@@ -4,6 +4,10 @@
 * ``advmon summary FILE...``: summarise JSONL files written by advmon.
 * ``advmon replay FILE --to SPEC``: send a file's records to a sink afterwards
   (backfill W&B or MLflow after an outage).
+* ``advmon alerts generate``: write Prometheus rules, the Alertmanager configuration
+  and promtool tests for a team's settings.
+* ``advmon alerts check FILE...``: evaluate the alert catalog over recorded runs
+  (exit 1 when a critical alert fired: a CI gate).
 """
 
 from __future__ import annotations
@@ -59,7 +63,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("--since-step", type=_non_negative_int, default=0, help="only records from this step on")
     replay.add_argument("--retries", type=_non_negative_int, default=3, help="attempts per record after the first")
+    _add_alert_commands(commands)
     return parser
+
+
+def _add_alert_commands(commands: argparse._SubParsersAction) -> None:
+    alerts = commands.add_parser("alerts", help="generate alert rules, or check recorded runs against them")
+    verbs = alerts.add_subparsers(dest="alerts_command", required=True, metavar="VERB")
+    generate = verbs.add_parser("generate", help="write Prometheus rules, Alertmanager config and promtool tests")
+    generate.add_argument("--out", type=Path, default=Path("alerts"), help="directory to write (default alerts/)")
+    generate.add_argument(
+        "--interval", default="1m", metavar="DURATION",
+        help="time between two records as Prometheus sees them: scrape interval or step time (default 1m)",
+    )
+    generate.add_argument("--for", dest="for_", metavar="DURATION", help="pending time of every rule that waits")
+    generate.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="override a threshold")
+    generate.add_argument("--runbook-base", default="docs/runbooks.md", metavar="URL", help="runbooks page URL")
+    generate.add_argument("--dashboard-url", default="", metavar="URL", help="on-call dashboard URL for messages")
+    generate.add_argument("--selector", default="", metavar="MATCHERS", help="label matchers for every metric, e.g. 'job=\"grpo\"'")
+    generate.add_argument(
+        "--slack-webhook-file", default=None, metavar="PATH",
+        help="file Alertmanager reads the Slack webhook URL from (default /etc/alertmanager/secrets/slack-webhook-url)",
+    )
+    generate.add_argument("--slack-channel", default="", metavar="CHANNEL", help="Slack channel override")
+    check = verbs.add_parser("check", help="evaluate the alert catalog over recorded JSONL runs")
+    check.add_argument("files", nargs="+", type=Path, help="JSONL files written by advmon")
+    check.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    check.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="override a threshold")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,6 +111,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(format_summary(run, [r for r in records if r.run == run], str(path)))
         elif args.command == "replay":
             return _replay(args.file, args.specs, args.since_step, args.retries)
+        elif args.command == "alerts":
+            from advmon.alerts.cli import check, generate
+
+            if args.alerts_command == "generate":
+                return generate(args)
+            return check(args.files, args.format, args.threshold)
     except (AdvmonError, OSError, ModuleNotFoundError) as exc:
         print(f"advmon: error: {exc}", file=sys.stderr)
         return 1

@@ -15,7 +15,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -83,6 +83,11 @@ class Monitor:
         queue_size, retries: delivery to asynchronous sinks (see
             :class:`advmon.emitter.DeliveryPolicy`).
         close_timeout: seconds :meth:`close` waits for queued records.
+        alerts: evaluate the alert catalog in-process and notify: notifier specs
+            (``"slack:SLACK_WEBHOOK_URL"``, ``"slack:/run/secrets/slack"``,
+            ``"wandb-alert"``) or notifier objects. Runs on a delivery thread.
+        alert_thresholds: overrides of the catalog's thresholds by name
+            (``{"zero_std_ratio": 0.9}``; see ``docs/alerts.md``).
 
     Example:
         >>> import torch, tempfile, os
@@ -111,6 +116,8 @@ class Monitor:
         queue_size: int = 1000,
         retries: int = 3,
         close_timeout: float = 10.0,
+        alerts: Sequence[Any] | None = None,
+        alert_thresholds: Mapping[str, float] | None = None,
     ) -> None:
         if step_source is not None and not callable(step_source):
             raise AdvmonConfigError(f"step_source must be a callable returning the training step, got {step_source!r}")
@@ -128,6 +135,8 @@ class Monitor:
             jsonl_name = self.run if self.rank == 0 else f"{self.run}.rank{self.rank}"
             default = Path("advmon-runs") / f"{jsonl_name}.jsonl"
             self.sinks = [JsonlSink(default), *sinks_from_env(self.run)] if sinks is None else _checked_sinks(sinks, self.run)
+            if alerts:
+                self.sinks.append(_alert_sink(alerts, alert_thresholds))
         self._warned: set[str] = set()
         self._delivery = Delivery(self.sinks, self.run, policy, self._warn_sink)
         if self._delivery.workers and not any(isinstance(sink, JsonlSink) for sink in self.sinks):
@@ -623,6 +632,20 @@ def _checked_run(run: Any) -> str:
     if any(c in run for c in "/\\\0") or run in {".", ".."}:
         raise AdvmonConfigError(f"run {run!r} must not contain path separators (it names the JSONL file)")
     return run
+
+
+def _alert_sink(alerts: Sequence[Any], thresholds: Mapping[str, float] | None) -> SinkLike:
+    from advmon.alerts.sink import AlertSink
+    from advmon.sinks.specs import notifiers_from_specs
+
+    if isinstance(alerts, (str, bytes)) or not isinstance(alerts, Sequence):
+        raise AdvmonConfigError(f"alerts must be a list of notifier specs or notifiers, got {type(alerts).__name__}")
+    specs = [a for a in alerts if isinstance(a, str)]
+    objects = [a for a in alerts if not isinstance(a, str)]
+    for notifier in objects:
+        if not callable(getattr(notifier, "send", None)):
+            raise AdvmonConfigError(f"{notifier!r} is not a notifier: it has no send(message) method")
+    return AlertSink([*notifiers_from_specs(specs), *objects], thresholds)
 
 
 def _checked_sinks(sinks: Sequence[SinkLike | str], run: str) -> list[SinkLike]:

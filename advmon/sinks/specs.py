@@ -1,7 +1,8 @@
 """Sinks from short strings, for configs, the CLI and ``ADVMON_SINKS``.
 
 Forms: ``jsonl[:PATH]``, ``wandb[:PROJECT]``, ``mlflow[:TRACKING_URI]``,
-``prometheus[:[HOST:]PORT]``, ``pushgateway:URL``.
+``prometheus[:[HOST:]PORT]``, ``pushgateway:URL``, and the in-process alerts
+``slack:ENV_VAR_OR_FILE`` (the webhook URL's source, never the URL) and ``wandb-alert``.
 
 Example:
     >>> parse_spec("prometheus:127.0.0.1:9464")
@@ -14,15 +15,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from advmon.errors import AdvmonConfigError
 from advmon.sinks.base import SinkLike
 
-__all__ = ["ENV_VAR", "SPEC_FORMS", "parse_spec", "sink_from_spec", "sinks_from_env"]
+__all__ = ["ENV_VAR", "SPEC_FORMS", "alert_sink_from_specs", "parse_spec", "sink_from_spec", "sinks_from_env"]
 
 ENV_VAR = "ADVMON_SINKS"
-SPEC_FORMS = "jsonl[:PATH], wandb[:PROJECT], mlflow[:TRACKING_URI], prometheus[:[HOST:]PORT], pushgateway:URL"
-_KINDS = ("jsonl", "wandb", "mlflow", "prometheus", "pushgateway")
+SPEC_FORMS = (
+    "jsonl[:PATH], wandb[:PROJECT], mlflow[:TRACKING_URI], prometheus[:[HOST:]PORT], pushgateway:URL, "
+    "slack:ENV_VAR_OR_FILE, wandb-alert"
+)
+_KINDS = ("jsonl", "wandb", "mlflow", "prometheus", "pushgateway", "slack", "wandb-alert")
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -34,6 +39,12 @@ def parse_spec(spec: str) -> tuple[str, str]:
         raise AdvmonConfigError(f"unknown sink {spec!r}; valid forms: {SPEC_FORMS}")
     if kind == "pushgateway" and not argument:
         raise AdvmonConfigError(f"pushgateway needs a URL (pushgateway:http://HOST:PORT); valid forms: {SPEC_FORMS}")
+    if kind == "slack" and (not argument or argument.startswith(("http://", "https://"))):
+        # A URL here would end up in configs, logs and reprs: take its source instead.
+        raise AdvmonConfigError(
+            "slack needs the name of an environment variable or a file that holds the webhook URL "
+            "(slack:SLACK_WEBHOOK_URL or slack:/run/secrets/slack), not the URL itself"
+        )
     return kind, argument
 
 
@@ -68,9 +79,34 @@ def sink_from_spec(spec: str, run: str) -> SinkLike:
 
         host, port = _host_port(argument) if argument else ("127.0.0.1", 9464)
         return PrometheusSink(host=host, port=port)
+    if kind in ("slack", "wandb-alert"):
+        return alert_sink_from_specs([spec])
     from advmon.sinks.prometheus import PushgatewaySink
 
     return PushgatewaySink(argument)
+
+
+def alert_sink_from_specs(specs: list[str], thresholds: Any = None) -> SinkLike:
+    """One in-process alert sink notifying every ``slack:...``/``wandb-alert`` spec given."""
+    from advmon.alerts.sink import AlertSink
+
+    return AlertSink(notifiers_from_specs(specs), thresholds)
+
+
+def notifiers_from_specs(specs: list[str]) -> list[Any]:
+    """The notifiers ``slack:ENV_VAR_OR_FILE`` and ``wandb-alert`` specs name."""
+    from advmon.alerts.notifiers import SlackNotifier, WandbAlertNotifier
+
+    notifiers: list[Any] = []
+    for spec in specs:
+        kind, argument = parse_spec(spec)
+        if kind == "slack":
+            notifiers.append(SlackNotifier.from_source(argument))
+        elif kind == "wandb-alert":
+            notifiers.append(WandbAlertNotifier())
+        else:
+            raise AdvmonConfigError(f"{spec!r} is a sink, not an alert notifier (slack:ENV_VAR_OR_FILE, wandb-alert)")
+    return notifiers
 
 
 def sinks_from_env(run: str, environ: dict[str, str] | None = None) -> list[SinkLike]:

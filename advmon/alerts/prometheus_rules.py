@@ -1,0 +1,405 @@
+"""Prometheus alerting and recording rules, and their promtool unit tests, from the catalog.
+
+Everything here is deterministic text built from :data:`advmon.rules.CATALOG` and
+:class:`AlertSettings`: the same settings always give the same bytes, so the
+committed ``alerts/`` files can be checked against a fresh generation.
+
+Example:
+    >>> settings = AlertSettings(interval_seconds=15)
+    >>> rules = prometheus_rules(settings)["groups"][0]["rules"]
+    >>> [r["alert"] for r in rules if "alert" in r][:2]
+    ['AdvmonNonFiniteRewards', 'AdvmonNonFiniteAdvantages']
+    >>> next(r for r in rules if r.get("alert") == "AdvmonZeroStdGroupsHigh")["for"]
+    '30s'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from advmon.rules import CATALOG, PromContext, Rule, Thresholds, format_duration, group_bound, recording_rules
+
+__all__ = ["AlertSettings", "dump_yaml", "prometheus_rules", "promtool_tests", "series_from_records"]
+
+RULES_FILE = "advmon-rules.yml"
+TESTS_FILE = "tests/advmon-rules-test.yml"
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    """What a team chooses when it generates its alert files.
+
+    Args:
+        thresholds: the catalog's thresholds.
+        interval_seconds: time between two records as Prometheus sees them (the
+            scrape interval when steps are faster, else one step's time); it turns
+            record counts into ``for:`` durations and windows.
+        for_seconds: if set, the ``for:`` of every rule that waits, instead of
+            ``(for_records - 1) x interval``.
+        selector: label matchers added to every metric (``job="grpo"``).
+        runbook_base: URL of the runbooks page; each alert links ``#<alertname lowercased>``.
+        dashboard_url: URL of the on-call dashboard (added to annotations and Slack).
+    """
+
+    thresholds: Thresholds = field(default_factory=Thresholds.with_overrides)
+    interval_seconds: float = 60.0
+    for_seconds: float | None = None
+    selector: str = ""
+    runbook_base: str = "docs/runbooks.md"
+    dashboard_url: str = ""
+
+    @property
+    def context(self) -> PromContext:
+        return PromContext(selector=self.selector, interval_seconds=self.interval_seconds)
+
+    def pending(self, rule: Rule) -> float:
+        """Seconds a condition must hold before the rule fires."""
+        if rule.for_records <= 1:
+            return 0.0
+        return self.for_seconds if self.for_seconds is not None else (rule.for_records - 1) * self.interval_seconds
+
+    def step_query(self) -> str:
+        """Go template text giving the run's current step (its ``advmon_step``)."""
+        selector = self.context.metric("advmon_step", run="%q").replace('"%q"', "%q")
+        return f'{{{{ with printf `{selector}` $labels.run | query }}}}{{{{ . | first | value | printf "%.0f" }}}}{{{{ end }}}}'
+
+    def annotations(self, rule: Rule) -> dict[str, str]:
+        numbers = {name: _number(value) for name, value in self.thresholds.items()}
+        labels = {label: f"{{{{ $labels.{label} }}}}" for label in rule.extra_labels}
+        description = rule.description.format(
+            run="{{ $labels.run }}", value='{{ $value | printf "%.4g" }}', step=self.step_query(), **labels, **numbers
+        )
+        annotations = {
+            "summary": rule.summary,
+            "description": description,
+            "runbook_url": f"{self.runbook_base}#{rule.runbook_anchor}",
+        }
+        if self.dashboard_url:
+            annotations["dashboard_url"] = self.dashboard_url
+        return annotations
+
+
+def _number(value: float) -> str:
+    return repr(int(value)) if value == int(value) else repr(value)
+
+
+def prometheus_rules(settings: AlertSettings) -> dict[str, Any]:
+    """The rule file as data: one group, recording rules first (read by the alerts at the same evaluation)."""
+    ctx, t = settings.context, settings.thresholds
+    entries: list[dict[str, Any]] = [{"record": name, "expr": expr} for name, expr in recording_rules(t, ctx)]
+    for rule in CATALOG:
+        entry: dict[str, Any] = {"alert": rule.name, "expr": rule.promql(t, ctx)}
+        pending = settings.pending(rule)
+        if pending > 0:
+            entry["for"] = format_duration(pending)
+        entry["labels"] = {"severity": rule.severity}
+        entry["annotations"] = settings.annotations(rule)
+        entries.append(entry)
+    group = {"name": "advmon", "interval": format_duration(settings.interval_seconds), "rules": entries}
+    return {"groups": [group]}
+
+
+def dump_yaml(data: Any, header: str = "") -> str:
+    """Deterministic YAML: keys in insertion order, long lines kept whole."""
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=10_000, allow_unicode=True)
+    return header + body
+
+
+GENERATED_HEADER = "# Generated by `advmon alerts generate`; edit the catalog (advmon/rules.py), not this file.\n"
+
+
+# --------------------------------------------------------------------------- series
+
+
+# (record key, metric name, labels): the gauges advmon's Prometheus exporter sets
+# from the latest record (advmon/sinks/prometheus.py; a test holds the two equal).
+def _gauges() -> list[tuple[str, str, dict[str, str]]]:
+    gauges = []
+    for stat in ("mean", "std", "min", "max", "abs_mean"):
+        for stage in ("pre_norm", "post_norm"):
+            gauges.append((f"advantages/{stage}/{stat}", f"advmon_advantage_{stat}", {"stage": stage}))
+    for stat in ("mean", "std", "min", "max"):
+        gauges.append((f"rewards/{stat}", f"advmon_reward_{stat}", {}))
+    gauges += [
+        ("groups/zero_std_fraction", "advmon_zero_std_group_ratio", {}),
+        ("groups/count", "advmon_groups", {}),
+        ("groups/max_size", "advmon_group_max_size", {}),
+    ]
+    return gauges
+
+
+_COUNTER_STAGES = (("reward", "rewards"), ("pre_norm", "advantages/pre_norm"), ("post_norm", "advantages/post_norm"))
+
+
+def series_from_records(records: Sequence[Any], run: str) -> dict[str, list[float | None]]:
+    """What Prometheus would scrape from advmon's exporter, one sample per record.
+
+    Sample 0 is the scrape before the first record (counters at 0, no gauges);
+    sample ``i + 1`` follows record ``i``. Returns ``{series text: values}``,
+    ``None`` where a series has no sample.
+    """
+    n = len(records) + 1
+    series: dict[str, list[float | None]] = {}
+
+    def put(name: str, labels: dict[str, str], index: int, value: float) -> None:
+        text = _series_text(name, {"run": run, **labels})
+        series.setdefault(text, [None] * n)[index] = value
+
+    totals: dict[tuple[str, str], float] = {(stage, kind): 0.0 for stage, _ in _COUNTER_STAGES for kind in ("nan", "inf")}
+    sinks: list[str] = []
+    for record in records:
+        for key in record.metrics:
+            for family in ("advmon/sink_errors/", "advmon/dropped_records/"):
+                if key.startswith(family) and key[len(family) :] not in sinks:
+                    sinks.append(key[len(family) :])
+    updates = 0.0
+
+    def counters(index: int, metrics: dict[str, float]) -> None:
+        for (stage, kind), value in totals.items():
+            put("advmon_nonfinite_values_total", {"stage": stage, "kind": kind}, index, value)
+        put("advmon_updates_total", {}, index, updates)
+        put("advmon_internal_errors_total", {}, index, _finite_or(metrics.get("advmon/internal_errors"), 0.0))
+        for sink in sinks:
+            put("advmon_sink_errors_total", {"sink": sink}, index, _finite_or(metrics.get(f"advmon/sink_errors/{sink}"), 0.0))
+            put("advmon_dropped_records_total", {"sink": sink}, index, _finite_or(metrics.get(f"advmon/dropped_records/{sink}"), 0.0))
+
+    counters(0, {})
+    for i, record in enumerate(records, start=1):
+        metrics = {k: (math.nan if v is None else float(v)) for k, v in record.metrics.items()}
+        updates += 1
+        for (stage, kind), value in totals.items():
+            prefix = dict(_COUNTER_STAGES)[stage]
+            count = metrics.get(f"{prefix}/{kind}_count", math.nan)
+            if math.isfinite(count):
+                totals[(stage, kind)] = value + count
+        counters(i, metrics)
+        for key, name, labels in _gauges():
+            put(name, labels, i, metrics.get(key, math.nan))
+        for stage in ("pre_norm", "post_norm"):
+            ends = [abs(metrics.get(f"advantages/{stage}/{e}", math.nan)) for e in ("min", "max")]
+            finite = [e for e in ends if not math.isnan(e)]
+            put("advmon_advantage_abs_max", {"stage": stage}, i, max(finite) if finite else math.nan)
+        put("advmon_step", {}, i, float(record.step))
+        put("advmon_last_update_timestamp_seconds", {}, i, float(getattr(record, "time", 0.0)))
+    return series
+
+
+def _finite_or(value: float | None, default: float) -> float:
+    return default if value is None or not math.isfinite(value) else float(value)
+
+
+def _series_text(name: str, labels: dict[str, str]) -> str:
+    inside = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    return f"{name}{{{inside}}}"
+
+
+def promtool_values(values: Sequence[float | None]) -> str:
+    """promtool's expanding notation, one value per sample (``_`` for none, ``NaN``, ``Inf``)."""
+
+    def one(value: float | None) -> str:
+        if value is None:
+            return "_"
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Inf" if value > 0 else "-Inf"
+        return repr(float(value)) if value != int(value) else str(int(value))
+
+    return " ".join(one(v) for v in values)
+
+
+# --------------------------------------------------------------------------- promtool tests
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """A minimal record for synthetic scenarios."""
+
+    run: str
+    step: int
+    metrics: dict[str, float]
+    time: float = 0.0
+
+
+def _healthy(step: int) -> dict[str, float]:
+    """A steady GRPO step (binary rewards, groups of 8) with a small deterministic wiggle."""
+    wiggle = 0.02 * math.sin(step)
+    return {
+        "rewards/mean": 0.5 + wiggle,
+        "rewards/std": 0.45,
+        "rewards/nan_count": 0.0,
+        "rewards/inf_count": 0.0,
+        "advantages/pre_norm/std": 0.35 + wiggle,
+        "advantages/pre_norm/mean": 0.0,
+        "advantages/post_norm/mean": -0.1 + wiggle,
+        "advantages/post_norm/std": 0.9,
+        "advantages/post_norm/min": -2.0,
+        "advantages/post_norm/max": 2.2 + wiggle,
+        "advantages/post_norm/nan_count": 0.0,
+        "advantages/post_norm/inf_count": 0.0,
+        "groups/zero_std_fraction": 0.35 + wiggle,
+        "groups/count": 64.0,
+        "groups/max_size": 8.0,
+        "advmon/internal_errors": 0.0,
+        "advmon/sink_errors/mlflow": 0.0,
+        "advmon/dropped_records/mlflow": 0.0,
+    }
+
+
+def _faults(t: Thresholds) -> dict[str, Callable[[dict[str, float], int], None]]:
+    """For each rule, how a step goes wrong enough to break its (possibly tuned) threshold."""
+
+    def set_(key: str, value: Callable[[dict[str, float], int], float]) -> Callable[[dict[str, float], int], None]:
+        def apply(metrics: dict[str, float], n: int) -> None:
+            metrics[key] = value(metrics, n)
+
+        return apply
+
+    bound = group_bound(8, t["group_bound_factor"])
+    return {
+        "AdvmonNonFiniteRewards": set_("rewards/nan_count", lambda m, n: 3.0),
+        "AdvmonNonFiniteAdvantages": set_("advantages/post_norm/nan_count", lambda m, n: 24.0),
+        "AdvmonAdvantageBeyondGroupBound": set_("advantages/post_norm/max", lambda m, n: 2 * bound + 100),
+        "AdvmonZeroStdGroupsHigh": set_("groups/zero_std_fraction", lambda m, n: min(1.0, (1 + t["zero_std_ratio"]) / 2)),
+        "AdvmonAdvantageScaleCollapse": set_(
+            "advantages/pre_norm/std", lambda m, n: m["advantages/pre_norm/std"] * t["scale_collapse_ratio"] / 4
+        ),
+        "AdvmonAdvantageScaleSpike": set_(
+            "advantages/pre_norm/std", lambda m, n: m["advantages/pre_norm/std"] * (t["scale_spike_ratio"] * 4 + 1)
+        ),
+        "AdvmonPostNormMeanDrift": set_(
+            "advantages/post_norm/mean", lambda m, n: m["advantages/post_norm/mean"] + 2 * t["mean_drift"] + 0.5
+        ),
+        "AdvmonRewardCollapse": set_(
+            "rewards/mean", lambda m, n: m["rewards/mean"] - (2 * t["reward_drop_stds"] + 0.5) * m["rewards/std"]
+        ),
+        "AdvmonDroppedRecords": set_("advmon/dropped_records/mlflow", lambda m, n: 5.0 * n),
+        "AdvmonSinkErrors": set_("advmon/sink_errors/mlflow", lambda m, n: 2.0 * n),
+        "AdvmonInternalErrors": set_("advmon/internal_errors", lambda m, n: 1.0 * n),
+    }
+
+
+def scenario(rule: Rule | None, t: Thresholds, run: str, interval_seconds: float) -> list[_Sample]:
+    """A run that is healthy throughout (``rule=None``) or breaks ``rule`` from a known step on."""
+    onset = t.records("min_history_records") + 5
+    length = onset + 8
+    fault = _faults(t).get(rule.name) if rule is not None else None
+    samples = []
+    for step in range(length):
+        metrics = _healthy(step)
+        if fault is not None and step >= onset:
+            fault(metrics, step - onset + 1)
+        samples.append(_Sample(run, step, metrics, time=(step + 1) * interval_seconds))
+    return samples
+
+
+def promtool_tests(settings: AlertSettings, rules_path: str = f"../{RULES_FILE}") -> dict[str, Any]:
+    """promtool unit tests: for every rule, a run that must fire (after its ``for``) and a healthy one that must not.
+
+    The expected alerts, their steps and their annotations are what the in-process
+    evaluator gives on the same records, so these tests also prove the two agree.
+    """
+    from advmon.alerts.evaluator import firing_by_step
+
+    t = settings.thresholds
+    interval = settings.interval_seconds
+    tests = []
+    for rule in CATALOG:
+        if rule.evaluate is None:
+            tests.append(_stale_test(rule, settings))
+            continue
+        run = f"{rule.name.removeprefix('Advmon').lower()}-run"
+        broken = scenario(rule, t, run, interval)
+        healthy = scenario(None, t, "healthy-run", interval)
+        states = firing_by_step(broken, t)
+        fired_at = next(i for i, active in enumerate(states) if any(name == rule.name for name, _ in active))
+        series = {**series_from_records(broken, run), **series_from_records(healthy, "healthy-run")}
+        record = broken[fired_at]
+        expected_alerts = []
+        for name, labels in sorted(states[fired_at]):
+            if name != rule.name:
+                continue
+            value = _fired_value(broken, t, rule, labels)
+            annotations = settings.annotations(rule)
+            annotations["description"] = rule.render_description(run, value, record.step, dict(labels), t)
+            expected_alerts.append(
+                {"exp_labels": {"severity": rule.severity, "run": run, **dict(labels)}, "exp_annotations": annotations}
+            )
+        # Sample i + 1 follows record i: evaluation times are whole intervals.
+        fire_time = format_duration((fired_at + 1) * interval)
+        before = format_duration(fired_at * interval)
+        end = format_duration(len(healthy) * interval)
+        tests.append(
+            {
+                "name": f"{rule.name} fires after its for, and not on a healthy run",
+                "interval": format_duration(interval),
+                "input_series": [{"series": text, "values": promtool_values(v)} for text, v in series.items()],
+                "alert_rule_test": [
+                    {"eval_time": before, "alertname": rule.name, "exp_alerts": []},
+                    {"eval_time": fire_time, "alertname": rule.name, "exp_alerts": expected_alerts},
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": f'ALERTS{{alertname="{rule.name}",run="healthy-run"}}',
+                        "eval_time": end,
+                        "exp_samples": [],
+                    }
+                ],
+            }
+        )
+    return {
+        "rule_files": [rules_path],
+        "evaluation_interval": format_duration(interval),
+        "tests": tests,
+    }
+
+
+def _fired_value(samples: Sequence[_Sample], t: Thresholds, rule: Rule, labels: tuple) -> float:
+    from advmon.alerts.evaluator import AlertEvaluator
+
+    evaluator = AlertEvaluator(t, [rule])
+    for sample in samples:
+        for event in evaluator.observe(sample):
+            if event.kind == "firing" and event.labels == labels:
+                return event.value
+    raise AssertionError(f"{rule.name} never fired")  # pragma: no cover - scenario() guarantees it
+
+
+def _stale_test(rule: Rule, settings: AlertSettings) -> dict[str, Any]:
+    """A run whose last record is at t=0 goes stale; one that keeps reporting does not."""
+    interval = settings.interval_seconds
+    stale = settings.thresholds["stale_seconds"]
+    samples = math.floor(stale / interval) + 3
+    fire_at = math.floor(stale / interval) + 1  # first evaluation with time() - 0 > stale
+    step_query_value = "7"
+    annotations = settings.annotations(rule)
+    annotations["description"] = rule.render_description(
+        "stopped-run", fire_at * interval, int(step_query_value), {}, settings.thresholds
+    )
+    return {
+        "name": f"{rule.name} fires once a run is silent for stale_seconds, and not while it reports",
+        "interval": format_duration(interval),
+        "input_series": [
+            {"series": 'advmon_last_update_timestamp_seconds{run="stopped-run"}', "values": f"0x{samples}"},
+            {"series": 'advmon_step{run="stopped-run"}', "values": f"{step_query_value}x{samples}"},
+            {
+                "series": 'advmon_last_update_timestamp_seconds{run="healthy-run"}',
+                "values": f"0+{_number(interval)}x{samples}",
+            },
+        ],
+        "alert_rule_test": [
+            {"eval_time": format_duration((fire_at - 1) * interval), "alertname": rule.name, "exp_alerts": []},
+            {
+                "eval_time": format_duration(fire_at * interval),
+                "alertname": rule.name,
+                "exp_alerts": [
+                    {"exp_labels": {"severity": rule.severity, "run": "stopped-run"}, "exp_annotations": annotations}
+                ],
+            },
+        ],
+    }

@@ -1,0 +1,722 @@
+"""The alert catalog: every rule advmon knows, declared once.
+
+Each :class:`Rule` says what it means (name, severity, summary, description,
+runbook anchor), how long a condition must hold (``for_records``) and which
+:class:`Threshold` values it uses, and carries its condition twice, side by side:
+
+* ``promql``: a PromQL expression over the metrics of :mod:`advmon.sinks.prometheus`,
+  for the generated Prometheus rules (:mod:`advmon.alerts.prometheus_rules`);
+* ``evaluate``: the same condition over a run's recent records, for the
+  in-process evaluator (:mod:`advmon.alerts.evaluator`) and ``advmon alerts check``.
+
+The two are proven to agree record by record by running promtool over recorded
+runs (``tests/test_alerts_agreement.py``). Prometheus sees one sample per
+*interval*; the in-process evaluator sees one record per step. They agree step for
+step when one record arrives per interval; ``for_records=k`` becomes
+``for: (k-1) x interval`` and a trailing window of ``n`` records becomes a range of
+``n x interval - interval/2`` (exactly ``n`` samples).
+
+This module is plain Python: no torch, no sinks, so generators and the CLI stay light.
+
+Example:
+    >>> thresholds = Thresholds.with_overrides({"zero_std_ratio": 0.9})
+    >>> thresholds["zero_std_ratio"], thresholds["group_bound_factor"]
+    (0.9, 3.0)
+    >>> [rule.name for rule in CATALOG if rule.severity == "critical"]
+    ['AdvmonNonFiniteRewards', 'AdvmonNonFiniteAdvantages', 'AdvmonAdvantageBeyondGroupBound']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from advmon.errors import AdvmonConfigError
+
+__all__ = [
+    "CATALOG",
+    "THRESHOLDS",
+    "Finding",
+    "PromContext",
+    "Rule",
+    "Severity",
+    "Threshold",
+    "Thresholds",
+    "group_bound",
+    "rule_named",
+]
+
+Severity = Literal["critical", "warning", "info"]
+SEVERITIES: tuple[Severity, ...] = ("critical", "warning", "info")
+
+
+# --------------------------------------------------------------------------- thresholds
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A tunable number of the catalog, with where its default comes from."""
+
+    name: str
+    default: float
+    meaning: str
+    source: str
+    integer: bool = False
+
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "group_bound_factor",
+        3.0,
+        "multiple of the group-normalization bound G/sqrt(G-1) above which |A| is impossible",
+        "G/sqrt(G-1) is the largest |A| of any group-std normalization (population or sample std, "
+        "mean or leave-one-out baseline). NeMo-RL's default also leaves the sample out of the std; "
+        "on graded rewards ({0, 0.3, 1}, G=8) that legitimately reaches 8.8 = 2.9x the bound "
+        "(measured in docs/alerts.md), while float32 cancellation gives |A| >= 1e3 and an epsilon "
+        "instead of a zero-std guard ~1e6. Use 1.0 for estimators that divide by the group's own std.",
+    ),
+    Threshold(
+        "ungrouped_abs_max",
+        10.0,
+        "largest plausible |A| when a step has no groups (PPO/GAE whitening, REINFORCE++)",
+        "whitened token advantages have Gaussian tails: |A| of 5-6 in 1e5-1e8 tokens is normal "
+        "(sqrt(2 ln N)); NeMo-RL's docs suggest clipping at 5; 10 leaves a 2x margin",
+    ),
+    Threshold(
+        "zero_std_ratio",
+        0.8,
+        "share of groups with all-equal rewards (no learning signal)",
+        "healthy GRPO on binary math rewards has 25-45% zero-std groups, growing as the model "
+        "improves (research.md); in the healthy corpus of docs/alerts.md it never stays above 0.5 for "
+        "3 steps (a batch of 64 sequences touches 0.88 once); DAPO resamples to avoid the rest",
+    ),
+    Threshold(
+        "scale_collapse_ratio",
+        0.25,
+        "pre-norm advantage std below this fraction of its trailing median",
+        "a collapsing reward model shrinks the pre-norm spread while post-norm looks normal; healthy "
+        "runs in docs/alerts.md never fall below 0.35 of their trailing median (64 sequences a step)",
+    ),
+    Threshold(
+        "scale_spike_ratio",
+        10.0,
+        "pre-norm advantage std above this multiple of its trailing median",
+        "Megatron-Bridge's spiky-loss check flags a value above 10x its running average",
+    ),
+    Threshold(
+        "mean_drift",
+        0.5,
+        "post-norm mean this far from its trailing median",
+        "post-norm advantages have unit scale; a healthy token-weighted mean sits near -0.1 and stays "
+        "within 0.14 of its trailing median even at 64 sequences a step (docs/alerts.md)",
+    ),
+    Threshold(
+        "reward_drop_stds",
+        0.75,
+        "drop of the reward mean below its trailing median, in reward stds",
+        "learning moves the mean up; on healthy runs of docs/alerts.md it dips at most 0.64 reward "
+        "stds below its trailing median (64 sequences a step, prompts of mixed difficulty), never for "
+        "3 steps in a row",
+    ),
+    Threshold(
+        "trailing_records",
+        30.0,
+        "records in the trailing window that gives a run's own recent level",
+        "30 steps: long enough for a robust median, short enough to follow a learning run",
+        integer=True,
+    ),
+    Threshold(
+        "min_history_records",
+        10.0,
+        "records a run needs in its window before relative rules apply",
+        "a median of fewer than 10 steps is dominated by warm-up",
+        integer=True,
+    ),
+    Threshold(
+        "stale_seconds",
+        900.0,
+        "seconds without a record before a run counts as stopped (Prometheus only)",
+        "15 minutes: longer than a slow step of a large recipe, shorter than an on-call shift's patience",
+    ),
+)
+
+_BY_NAME = {t.name: t for t in THRESHOLDS}
+
+
+class Thresholds(Mapping[str, float]):
+    """The catalog's thresholds: defaults, overridden by name, validated.
+
+    Example:
+        >>> Thresholds.with_overrides({"zero_std": 1})
+        Traceback (most recent call last):
+        ...
+        advmon.errors.AdvmonConfigError: unknown threshold 'zero_std'; known: group_bound_factor, ungrouped_abs_max, zero_std_ratio, scale_collapse_ratio, scale_spike_ratio, mean_drift, reward_drop_stds, trailing_records, min_history_records, stale_seconds
+    """
+
+    def __init__(self, values: Mapping[str, float]) -> None:
+        self._values = dict(values)
+
+    @classmethod
+    def with_overrides(cls, overrides: Mapping[str, Any] | None = None) -> Thresholds:
+        values = {t.name: t.default for t in THRESHOLDS}
+        for name, raw in (overrides or {}).items():
+            values[name] = _checked_threshold(name, raw)
+        return cls(values)
+
+    @classmethod
+    def parse(cls, assignments: Iterable[str]) -> Thresholds:
+        """From ``NAME=VALUE`` strings (the CLI's ``--threshold``)."""
+        overrides: dict[str, str] = {}
+        for text in assignments:
+            name, sep, value = text.partition("=")
+            if not sep or not name.strip():
+                raise AdvmonConfigError(f"expected --threshold NAME=VALUE, got {text!r}")
+            overrides[name.strip()] = value.strip()
+        return cls.with_overrides(overrides)
+
+    def __getitem__(self, name: str) -> float:
+        return self._values[name]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def records(self, name: str) -> int:
+        return int(self._values[name])
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self._values.items() if v != _BY_NAME[k].default}
+        return f"Thresholds({changed})"
+
+
+def _checked_threshold(name: str, raw: Any) -> float:
+    if name not in _BY_NAME:
+        raise AdvmonConfigError(f"unknown threshold {name!r}; known: {', '.join(_BY_NAME)}")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise AdvmonConfigError(f"threshold {name} must be a number, got {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise AdvmonConfigError(f"threshold {name} must be a finite number >= 0, got {raw!r}")
+    if _BY_NAME[name].integer and (value != int(value) or value < 1):
+        raise AdvmonConfigError(f"threshold {name} must be a positive whole number of records, got {raw!r}")
+    return value
+
+
+def group_bound(group_size: float, factor: float) -> float:
+    """The largest |A| group normalization allows for groups of ``group_size``, times ``factor``.
+
+    With population std |A| <= sqrt(G-1); with sample std (G-1)/sqrt(G); a
+    leave-one-out baseline multiplies either by G/(G-1). The loosest, G/sqrt(G-1),
+    is used. ``nan`` for G < 2 (no groups to normalize in).
+
+    Example:
+        >>> round(group_bound(8, 1.0), 4), round(8 ** 0.5 * 8 / 7 * 7 / 8, 4)
+        (3.0237, 2.8284)
+    """
+    if not group_size >= 2:
+        return math.nan
+    return factor * group_size / math.sqrt(group_size - 1)
+
+
+# --------------------------------------------------------------------------- records
+
+
+class RecordLike(Protocol):
+    run: str
+    step: int
+    metrics: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One series a rule looked at on one record: its labels, value and whether it holds."""
+
+    active: bool
+    value: float
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+def _get(record: RecordLike, key: str) -> float:
+    value = record.metrics.get(key, math.nan)
+    return math.nan if value is None else float(value)
+
+
+def _go_quantile(q: float, values: Sequence[float]) -> float:
+    """Prometheus's ``quantile``: NaN sorts first, linear interpolation, NaN propagates."""
+    if not values:
+        return math.nan
+    ordered = sorted(values, key=lambda v: (not math.isnan(v), v))
+    rank = q * (len(ordered) - 1)
+    lower = max(0, math.floor(rank))
+    upper = min(len(ordered) - 1, lower + 1)
+    weight = rank - math.floor(rank)
+    return ordered[lower] * (1 - weight) + ordered[upper] * weight
+
+
+def _div(a: float, b: float) -> float:
+    """Float division with IEEE results (as PromQL), never ZeroDivisionError."""
+    if b == 0:
+        if a == 0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, a) * math.copysign(1.0, b)
+    return a / b
+
+
+def _trailing(window: Sequence[RecordLike], key: str, thresholds: Thresholds) -> tuple[float, int]:
+    """Median of ``key`` over the trailing window (current record included) and its sample count."""
+    recent = window[-thresholds.records("trailing_records") :]
+    return _go_quantile(0.5, [_get(r, key) for r in recent]), len(recent)
+
+
+def _nonfinite(record: RecordLike, prefix: str) -> float:
+    counts = [_get(record, f"{prefix}/{kind}_count") for kind in ("nan", "inf")]
+    return sum(c for c in counts if not math.isnan(c))
+
+
+def _abs_max(record: RecordLike) -> float:
+    ends = [abs(_get(record, f"advantages/post_norm/{end}")) for end in ("min", "max")]
+    finite = [e for e in ends if not math.isnan(e)]
+    return max(finite) if finite else math.nan
+
+
+def _counter_increase(window: Sequence[RecordLike], prefix: str) -> list[Finding]:
+    """Per-sink increase of a cumulative ``prefix/<sink>`` counter since the previous record."""
+    current = window[-1]
+    previous = window[-2] if len(window) > 1 else None
+    findings = []
+    for key, value in current.metrics.items():
+        if not key.startswith(prefix) or value is None or math.isnan(value):
+            continue
+        before = _get(previous, key) if previous is not None else 0.0
+        increase = value - (0.0 if math.isnan(before) else before)
+        findings.append(Finding(increase > 0, increase, (("sink", key[len(prefix) :]),)))
+    return findings
+
+
+# --------------------------------------------------------------------------- PromQL
+
+
+@dataclass(frozen=True)
+class PromContext:
+    """What a PromQL expression needs besides thresholds: the selector and the interval.
+
+    ``selector`` is extra label matchers (``job="grpo"``) added to every metric;
+    ``interval_seconds`` is the time between two records as Prometheus sees them.
+    """
+
+    selector: str = ""
+    interval_seconds: float = 60.0
+
+    def metric(self, name: str, **labels: str) -> str:
+        matchers = [m for m in (self.selector.strip().strip("{}").strip(),) if m]
+        matchers += [f'{key}="{value}"' for key, value in labels.items()]
+        return f"{name}{{{','.join(matchers)}}}" if matchers else name
+
+    def stage_metric(self, name: str, stage: str) -> str:
+        """A per-stage gauge with its ``stage`` label dropped, so alerts carry only run labels."""
+        return f"max without (stage) ({self.metric(name, stage=stage)})"
+
+    def duration(self, seconds: float) -> str:
+        return format_duration(seconds)
+
+    def window(self, records: int) -> str:
+        """A range holding exactly ``records`` samples one interval apart."""
+        return format_duration(records * self.interval_seconds - self.interval_seconds / 2)
+
+    @property
+    def step_back(self) -> str:
+        return format_duration(self.interval_seconds)
+
+
+def format_duration(seconds: float) -> str:
+    """Prometheus duration text: ``90`` -> ``1m30s``, ``0.5`` -> ``500ms``.
+
+    Example:
+        >>> format_duration(1770), format_duration(0.5), format_duration(3600)
+        ('29m30s', '500ms', '1h')
+    """
+    millis = round(seconds * 1000)
+    if millis <= 0:
+        return "0s"
+    parts = []
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        count, millis = divmod(millis, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Prometheus duration (``1m30s``, ``500ms``, ``2h``).
+
+    Example:
+        >>> parse_duration("1m30s"), parse_duration("500ms")
+        (90.0, 0.5)
+    """
+    import re
+
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    pieces = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", text.strip())
+    if not pieces or "".join(n + u for n, u in pieces) != text.strip():
+        raise AdvmonConfigError(f"expected a duration such as 15s, 1m or 1m30s, got {text!r}")
+    return sum(float(number) * units[unit] for number, unit in pieces)
+
+
+def _counter_step(ctx: PromContext, name: str, **labels: str) -> str:
+    """The increase of a counter since the previous sample (a series that just appeared counts whole)."""
+    series = ctx.metric(name, **labels)
+    back = ctx.step_back
+    return f"(({series} - {series} offset {back}) or ({series} unless {series} offset {back}))"
+
+
+# --------------------------------------------------------------------------- rules
+
+
+Evaluate = Callable[[Sequence[RecordLike], Thresholds], list[Finding]]
+PromQL = Callable[[Thresholds, PromContext], str]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One alert: what it means, when it fires, in PromQL and over records.
+
+    ``description`` is a template over ``{run}``, ``{value}``, ``{step}``, the
+    series' extra labels (``{sink}``) and any threshold name.
+    """
+
+    name: str
+    severity: Severity
+    summary: str
+    description: str
+    for_records: int
+    thresholds: tuple[str, ...]
+    promql: PromQL
+    evaluate: Evaluate | None  # None: Prometheus only
+    extra_labels: tuple[str, ...] = ()
+    recording: tuple[str, ...] = field(default=())  # recording rules the expression reads
+
+    @property
+    def runbook_anchor(self) -> str:
+        return self.name.lower()
+
+    def render_description(self, run: str, value: float, step: int, labels: Mapping[str, str], thresholds: Thresholds) -> str:
+        """The description as the in-process notifiers send it."""
+        numbers = {name: _number(v) for name, v in thresholds.items()}
+        return self.description.format(run=run, value=_format_value(value), step=step, **dict(labels), **numbers)
+
+
+def _format_value(value: float) -> str:
+    """``%.4g`` as Go's printf writes it, so both evaluators word a value alike."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return f"{value:.4g}"
+
+
+def _single(active: bool, value: float) -> list[Finding]:
+    return [Finding(active, value)]
+
+
+def _eval_nonfinite_rewards(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+    count = _nonfinite(window[-1], "rewards")
+    return _single(count > 0, count)
+
+
+def _prom_nonfinite(stage: str) -> PromQL:
+    def promql(t: Thresholds, ctx: PromContext) -> str:
+        return f"sum without (kind, stage) ({_counter_step(ctx, 'advmon_nonfinite_values_total', stage=stage)}) > 0"
+
+    return promql
+
+
+def _eval_nonfinite_advantages(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+    count = _nonfinite(window[-1], "advantages/post_norm")
+    return _single(count > 0, count)
+
+
+def _eval_group_bound(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+    record = window[-1]
+    value = _abs_max(record)
+    bound = group_bound(_get(record, "groups/max_size"), t["group_bound_factor"])
+    limit = t["ungrouped_abs_max"] if math.isnan(bound) else bound
+    return _single(value > limit, value)
+
+
+def _prom_group_bound(t: Thresholds, ctx: PromContext) -> str:
+    abs_max = ctx.stage_metric("advmon_advantage_abs_max", "post_norm")
+    size = ctx.metric("advmon_group_max_size")
+    factor = _number(t["group_bound_factor"])
+    grouped = f"({size} >= 2)"
+    return (
+        f"({abs_max} > ({factor} * {grouped} / sqrt({grouped} - 1)))"
+        f" or ({abs_max} > {_number(t['ungrouped_abs_max'])} unless {grouped})"
+    )
+
+
+def _eval_zero_std(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+    ratio = _get(window[-1], "groups/zero_std_fraction")
+    return _single(ratio > t["zero_std_ratio"], ratio)
+
+
+def _prom_zero_std(t: Thresholds, ctx: PromContext) -> str:
+    return f"{ctx.metric('advmon_zero_std_group_ratio')} > {_number(t['zero_std_ratio'])}"
+
+
+def _relative(key: str, compare: Callable[[float, Thresholds], bool]) -> Evaluate:
+    """Current value over its trailing median, once the run has enough history."""
+
+    def evaluate(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+        median, count = _trailing(window, key, t)
+        ratio = _div(_get(window[-1], key), median)
+        return _single(count >= t.records("min_history_records") and compare(ratio, t), ratio)
+
+    return evaluate
+
+
+# Recording rules: a run's own recent level, computed once per evaluation for all runs.
+PRE_STD_MEDIAN = "advmon:advantage_std_pre_norm:trailing_median"
+POST_MEAN_MEDIAN = "advmon:advantage_mean_post_norm:trailing_median"
+REWARD_MEAN_MEDIAN = "advmon:reward_mean:trailing_median"
+REWARD_STD_MEDIAN = "advmon:reward_std:trailing_median"
+TRAILING_COUNT = "advmon:records:trailing_count"
+
+
+def recording_rules(t: Thresholds, ctx: PromContext) -> list[tuple[str, str]]:
+    """``(record, expr)`` pairs the relative rules read."""
+    window = ctx.window(t.records("trailing_records"))
+
+    def median(name: str, **labels: str) -> str:
+        return f"max without (stage) (quantile_over_time(0.5, {ctx.metric(name, **labels)}[{window}]))"
+
+    return [
+        (TRAILING_COUNT, f"count_over_time({ctx.metric('advmon_step')}[{window}])"),
+        (PRE_STD_MEDIAN, median("advmon_advantage_std", stage="pre_norm")),
+        (POST_MEAN_MEDIAN, median("advmon_advantage_mean", stage="post_norm")),
+        (REWARD_MEAN_MEDIAN, median("advmon_reward_mean")),
+        (REWARD_STD_MEDIAN, median("advmon_reward_std")),
+    ]
+
+
+def _enough_history(t: Thresholds) -> str:
+    return f" and {TRAILING_COUNT} >= {t.records('min_history_records')}"
+
+
+def _prom_scale(compare: str, threshold: str) -> PromQL:
+    def promql(t: Thresholds, ctx: PromContext) -> str:
+        ratio = f"({ctx.stage_metric('advmon_advantage_std', 'pre_norm')} / {PRE_STD_MEDIAN})"
+        return f"{ratio} {compare} {_number(t[threshold])}{_enough_history(t)}"
+
+    return promql
+
+
+def _eval_mean_drift(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+    key = "advantages/post_norm/mean"
+    median, count = _trailing(window, key, t)
+    drift = _get(window[-1], key) - median
+    limit = t["mean_drift"]
+    return _single(count >= t.records("min_history_records") and (drift > limit or drift < -limit), drift)
+
+
+def _prom_mean_drift(t: Thresholds, ctx: PromContext) -> str:
+    drift = f"({ctx.stage_metric('advmon_advantage_mean', 'post_norm')} - {POST_MEAN_MEDIAN})"
+    limit = _number(t["mean_drift"])
+    return f"({drift} > {limit} or {drift} < -{limit}){_enough_history(t)}"
+
+
+def _eval_reward_collapse(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+    mean_median, count = _trailing(window, "rewards/mean", t)
+    std_median, _ = _trailing(window, "rewards/std", t)
+    drop = _div(mean_median - _get(window[-1], "rewards/mean"), std_median)
+    holds = count >= t.records("min_history_records") and std_median > 0 and drop > t["reward_drop_stds"]
+    return _single(holds, drop)
+
+
+def _prom_reward_collapse(t: Thresholds, ctx: PromContext) -> str:
+    drop = f"(({REWARD_MEAN_MEDIAN} - {ctx.metric('advmon_reward_mean')}) / {REWARD_STD_MEDIAN})"
+    return (
+        f"{drop} > {_number(t['reward_drop_stds'])} and {REWARD_STD_MEDIAN} > 0"
+        f"{_enough_history(t)}"
+    )
+
+
+def _prom_stale(t: Thresholds, ctx: PromContext) -> str:
+    return f"time() - {ctx.metric('advmon_last_update_timestamp_seconds')} > {_number(t['stale_seconds'])}"
+
+
+def _prom_counter(name: str) -> PromQL:
+    def promql(t: Thresholds, ctx: PromContext) -> str:
+        return f"{_counter_step(ctx, name)} > 0"
+
+    return promql
+
+
+def _eval_internal_errors(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+    current = _get(window[-1], "advmon/internal_errors")
+    before = _get(window[-2], "advmon/internal_errors") if len(window) > 1 else 0.0
+    increase = current - (0.0 if math.isnan(before) else before)
+    return _single(increase > 0, increase)
+
+
+def _number(value: float) -> str:
+    return repr(int(value)) if value == int(value) else repr(value)
+
+
+_STEP = "{step}"
+
+CATALOG: tuple[Rule, ...] = (
+    Rule(
+        name="AdvmonNonFiniteRewards",
+        severity="critical",
+        summary="NaN or Inf rewards: the reward function is failing",
+        description="Run {run}: {value} NaN/Inf rewards at step " + _STEP + ".",
+        for_records=1,
+        thresholds=(),
+        promql=_prom_nonfinite("reward"),
+        evaluate=_eval_nonfinite_rewards,
+    ),
+    Rule(
+        name="AdvmonNonFiniteAdvantages",
+        severity="critical",
+        summary="NaN or Inf advantages reach the loss",
+        description="Run {run}: {value} NaN/Inf post-norm advantages at step " + _STEP + ".",
+        for_records=1,
+        thresholds=(),
+        promql=_prom_nonfinite("post_norm"),
+        evaluate=_eval_nonfinite_advantages,
+    ),
+    Rule(
+        name="AdvmonAdvantageBeyondGroupBound",
+        severity="critical",
+        summary="Advantages beyond what group normalization allows: the grouping or the std is wrong",
+        description=(
+            "Run {run}: |advantage| reached {value} at step " + _STEP + ", beyond {group_bound_factor} x G/sqrt(G-1) "
+            "for its largest group of G ({ungrouped_abs_max} without groups)."
+        ),
+        for_records=1,
+        thresholds=("group_bound_factor", "ungrouped_abs_max"),
+        promql=_prom_group_bound,
+        evaluate=_eval_group_bound,
+    ),
+    Rule(
+        name="AdvmonZeroStdGroupsHigh",
+        severity="warning",
+        summary="Most groups have all-equal rewards: little or no learning signal",
+        description="Run {run}: {value} of the groups are zero-std at step " + _STEP + " (threshold {zero_std_ratio}).",
+        for_records=3,
+        thresholds=("zero_std_ratio",),
+        promql=_prom_zero_std,
+        evaluate=_eval_zero_std,
+    ),
+    Rule(
+        name="AdvmonAdvantageScaleCollapse",
+        severity="warning",
+        summary="Pre-norm advantage spread collapsed relative to the run's recent level",
+        description=(
+            "Run {run}: pre-norm advantage std is {value} x its trailing median at step " + _STEP + " "
+            "(threshold {scale_collapse_ratio})."
+        ),
+        for_records=3,
+        thresholds=("scale_collapse_ratio", "trailing_records", "min_history_records"),
+        promql=_prom_scale("<", "scale_collapse_ratio"),
+        evaluate=_relative("advantages/pre_norm/std", lambda ratio, t: ratio < t["scale_collapse_ratio"]),
+        recording=(PRE_STD_MEDIAN, TRAILING_COUNT),
+    ),
+    Rule(
+        name="AdvmonAdvantageScaleSpike",
+        severity="warning",
+        summary="Pre-norm advantage spread spiked relative to the run's recent level",
+        description=(
+            "Run {run}: pre-norm advantage std is {value} x its trailing median at step " + _STEP + " "
+            "(threshold {scale_spike_ratio})."
+        ),
+        for_records=2,
+        thresholds=("scale_spike_ratio", "trailing_records", "min_history_records"),
+        promql=_prom_scale(">", "scale_spike_ratio"),
+        evaluate=_relative("advantages/pre_norm/std", lambda ratio, t: ratio > t["scale_spike_ratio"]),
+        recording=(PRE_STD_MEDIAN, TRAILING_COUNT),
+    ),
+    Rule(
+        name="AdvmonPostNormMeanDrift",
+        severity="warning",
+        summary="Post-norm advantage mean drifted from the run's recent level",
+        description=(
+            "Run {run}: post-norm mean moved {value} from its trailing median at step " + _STEP + " "
+            "(threshold {mean_drift})."
+        ),
+        for_records=3,
+        thresholds=("mean_drift", "trailing_records", "min_history_records"),
+        promql=_prom_mean_drift,
+        evaluate=_eval_mean_drift,
+        recording=(POST_MEAN_MEDIAN, TRAILING_COUNT),
+    ),
+    Rule(
+        name="AdvmonRewardCollapse",
+        severity="warning",
+        summary="Reward mean fell sharply below the run's recent level",
+        description=(
+            "Run {run}: reward mean is {value} reward stds below its trailing median at step " + _STEP + " "
+            "(threshold {reward_drop_stds})."
+        ),
+        for_records=3,
+        thresholds=("reward_drop_stds", "trailing_records", "min_history_records"),
+        promql=_prom_reward_collapse,
+        evaluate=_eval_reward_collapse,
+        recording=(REWARD_MEAN_MEDIAN, REWARD_STD_MEDIAN, TRAILING_COUNT),
+    ),
+    Rule(
+        name="AdvmonRunStoppedReporting",
+        severity="warning",
+        summary="A run stopped sending advmon records",
+        description="Run {run}: no record for {value} seconds; the last was step " + _STEP + ".",
+        for_records=1,
+        thresholds=("stale_seconds",),
+        promql=_prom_stale,
+        evaluate=None,
+    ),
+    Rule(
+        name="AdvmonDroppedRecords",
+        severity="warning",
+        summary="advmon dropped records: a sink's queue overflowed",
+        description="Run {run}: sink {sink} dropped {value} record(s) by step " + _STEP + "; replay them from the JSONL file.",
+        for_records=1,
+        thresholds=(),
+        promql=_prom_counter("advmon_dropped_records_total"),
+        evaluate=lambda window, t: _counter_increase(window, "advmon/dropped_records/"),
+        extra_labels=("sink",),
+    ),
+    Rule(
+        name="AdvmonSinkErrors",
+        severity="info",
+        summary="An advmon sink failed to deliver records",
+        description="Run {run}: sink {sink} failed {value} record(s) by step " + _STEP + ".",
+        for_records=1,
+        thresholds=(),
+        promql=_prom_counter("advmon_sink_errors_total"),
+        evaluate=lambda window, t: _counter_increase(window, "advmon/sink_errors/"),
+        extra_labels=("sink",),
+    ),
+    Rule(
+        name="AdvmonInternalErrors",
+        severity="info",
+        summary="advmon could not record part of a call",
+        description="Run {run}: {value} new advmon problem(s) at step " + _STEP + " (see the training log's AdvmonWarning).",
+        for_records=1,
+        thresholds=(),
+        promql=_prom_counter("advmon_internal_errors_total"),
+        evaluate=_eval_internal_errors,
+    ),
+)
+
+
+def rule_named(name: str) -> Rule:
+    """The catalog's rule of that name."""
+    for rule in CATALOG:
+        if rule.name == name:
+            return rule
+    raise AdvmonConfigError(f"unknown alert {name!r}; known: {', '.join(r.name for r in CATALOG)}")
