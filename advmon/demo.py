@@ -139,5 +139,23 @@ def run_demo(config: DemoConfig) -> str:
     ]
     for run, unstable in runs.items():
         path = simulate_run(run, config, unstable)
-        sections.append(format_summary(run, read_jsonl(path), str(path)))
+        records = read_jsonl(path)
+        sections.append(format_summary(run, records, str(path)) + "\n" + _alerts_section(records))
+    sections.append(
+        "Alerts: the catalog of advmon/rules.py, evaluated as `advmon alerts check advmon-runs/*.jsonl` does;\n"
+        "`advmon alerts generate` writes the same rules for Prometheus and Alertmanager (alerts/)."
+    )
     return "\n\n".join(sections)
+
+
+def _alerts_section(records: list) -> str:
+    from advmon.alerts.evaluator import evaluate_records
+
+    occurrences = evaluate_records(records)
+    if not occurrences:
+        return "  alerts: none"
+    lines = ["  alerts (step fired -> resolved):"]
+    for o in occurrences:
+        resolved = "still firing" if o.resolved_step is None else f"resolved at {o.resolved_step}"
+        lines.append(f"    step {o.fired_step:>4}  {o.severity:<8} {o.alert} ({resolved}, value {o.value:.4g})")
+    return "\n".join(lines)

@@ -139,7 +139,8 @@ class Monitor:
                 self.sinks.append(_alert_sink(alerts, alert_thresholds))
         self._warned: set[str] = set()
         self._delivery = Delivery(self.sinks, self.run, policy, self._warn_sink)
-        if self._delivery.workers and not any(isinstance(sink, JsonlSink) for sink in self.sinks):
+        replayable = [s for s in self.sinks if not getattr(s, "synchronous", False) and getattr(s, "replayable", True)]
+        if replayable and not any(isinstance(sink, JsonlSink) for sink in self.sinks):
             self._warn_sink(
                 "no_jsonl",
                 "no JSONL sink: records an asynchronous sink fails to take cannot be replayed later "

@@ -83,8 +83,14 @@ class Service:
         self._log.close()
 
 
-def start_prometheus(workdir: Path, targets: dict[str, str], honor_labels: bool = False) -> tuple[Service, str]:
-    """Prometheus scraping ``targets`` ({job: host:port}) every second."""
+def start_prometheus(
+    workdir: Path,
+    targets: dict[str, str],
+    honor_labels: bool = False,
+    rule_files: list[Path] = (),
+    alertmanager: str | None = None,
+) -> tuple[Service, str]:
+    """Prometheus scraping ``targets`` ({job: host:port}) every second, with rules and an Alertmanager."""
     binary = require_binary("prometheus")
     port = free_port()
     jobs = "\n".join(
@@ -92,8 +98,15 @@ def start_prometheus(workdir: Path, targets: dict[str, str], honor_labels: bool 
         f"    static_configs:\n      - targets: ['{target}']"
         for job, target in targets.items()
     )
+    extra = ""
+    if rule_files:
+        extra += "rule_files:\n" + "".join(f"  - {path}\n" for path in rule_files)
+    if alertmanager:
+        extra += f"alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['{alertmanager}']\n"
     config = workdir / "prometheus.yml"
-    config.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n{jobs}\n")
+    config.write_text(
+        f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n{extra}scrape_configs:\n{jobs}\n"
+    )
     url = f"http://127.0.0.1:{port}"
     service = Service(
         "prometheus",
@@ -136,3 +149,54 @@ def start_mlflow_server(workdir: Path, store: Path) -> tuple[Service, str]:
         ready_timeout=90,
     )
     return service, url
+
+
+def start_alertmanager(workdir: Path, config: Path) -> tuple[Service, str]:
+    """Alertmanager on 127.0.0.1 with its cluster port off."""
+    binary = require_binary("prometheus-alertmanager")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    service = Service(
+        "alertmanager",
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.path={workdir / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        workdir,
+        f"{url}/-/ready",
+    )
+    return service, url
+
+
+class FakeSlack:
+    """A local HTTP server standing in for a Slack incoming webhook: it records what is posted."""
+
+    def __init__(self) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        posts = self.posts = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                posts.append({"path": self.path, "json": json.loads(body or b"null")})
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/services/T000/B000/secret-token"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -178,9 +178,11 @@ def evaluate_records(records: Iterable[RecordLike], thresholds: Thresholds | Non
     return occurrences
 
 
-def firing_by_step(records: Sequence[RecordLike], thresholds: Thresholds | None = None) -> list[set[tuple[str, tuple]]]:
+def firing_by_step(
+    records: Sequence[RecordLike], thresholds: Thresholds | None = None, rules: Iterable[Rule] | None = None
+) -> list[set[tuple[str, tuple]]]:
     """For each record, the set of ``(alert, labels)`` firing after it (for agreement tests)."""
-    evaluator = AlertEvaluator(thresholds)
+    evaluator = AlertEvaluator(thresholds, rules)
     active: set[tuple[str, tuple]] = set()
     states = []
     for record in records:

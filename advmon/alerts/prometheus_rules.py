@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -54,6 +54,24 @@ class AlertSettings:
     dashboard_url: str = ""
 
     @property
+    def selector_labels(self) -> dict[str, str]:
+        """The selector's ``label="value"`` matchers (what the promtool tests' series must carry)."""
+        import re
+
+        from advmon.errors import AdvmonConfigError
+
+        text = self.selector.strip().strip("{}").strip()
+        if not text:
+            return {}
+        labels = {}
+        for matcher in (m.strip() for m in text.split(",") if m.strip()):
+            found = re.fullmatch(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"\\]*)"', matcher)
+            if found is None:
+                raise AdvmonConfigError(f'--selector takes label="value" matchers separated by commas, got {matcher!r}')
+            labels[found.group(1)] = found.group(2)
+        return labels
+
+    @property
     def context(self) -> PromContext:
         return PromContext(selector=self.selector, interval_seconds=self.interval_seconds)
 
@@ -62,6 +80,13 @@ class AlertSettings:
         if rule.for_records <= 1:
             return 0.0
         return self.for_seconds if self.for_seconds is not None else (rule.for_records - 1) * self.interval_seconds
+
+    def rules(self) -> tuple[Rule, ...]:
+        """The catalog as these settings run it: ``for_seconds`` turned back into records."""
+        if self.for_seconds is None:
+            return CATALOG
+        records = math.ceil(self.for_seconds / self.interval_seconds - 1e-9) + 1
+        return tuple(replace(rule, for_records=records) if rule.for_records > 1 else rule for rule in CATALOG)
 
     def step_query(self) -> str:
         """Go template text giving the run's current step (its ``advmon_step``)."""
@@ -136,7 +161,9 @@ def _gauges() -> list[tuple[str, str, dict[str, str]]]:
 _COUNTER_STAGES = (("reward", "rewards"), ("pre_norm", "advantages/pre_norm"), ("post_norm", "advantages/post_norm"))
 
 
-def series_from_records(records: Sequence[Any], run: str) -> dict[str, list[float | None]]:
+def series_from_records(
+    records: Sequence[Any], run: str, labels: dict[str, str] | None = None
+) -> dict[str, list[float | None]]:
     """What Prometheus would scrape from advmon's exporter, one sample per record.
 
     Sample 0 is the scrape before the first record (counters at 0, no gauges);
@@ -146,8 +173,10 @@ def series_from_records(records: Sequence[Any], run: str) -> dict[str, list[floa
     n = len(records) + 1
     series: dict[str, list[float | None]] = {}
 
+    common = {"run": run, **(labels or {})}
+
     def put(name: str, labels: dict[str, str], index: int, value: float) -> None:
-        text = _series_text(name, {"run": run, **labels})
+        text = _series_text(name, {**common, **labels})
         series.setdefault(text, [None] * n)[index] = value
 
     totals: dict[tuple[str, str], float] = {(stage, kind): 0.0 for stage, _ in _COUNTER_STAGES for kind in ("nan", "inf")}
@@ -309,16 +338,18 @@ def promtool_tests(settings: AlertSettings, rules_path: str = f"../{RULES_FILE}"
     t = settings.thresholds
     interval = settings.interval_seconds
     tests = []
-    for rule in CATALOG:
+    rules = settings.rules()
+    for rule in rules:
         if rule.evaluate is None:
             tests.append(_stale_test(rule, settings))
             continue
         run = f"{rule.name.removeprefix('Advmon').lower()}-run"
         broken = scenario(rule, t, run, interval)
         healthy = scenario(None, t, "healthy-run", interval)
-        states = firing_by_step(broken, t)
+        states = firing_by_step(broken, t, rules)
         fired_at = next(i for i, active in enumerate(states) if any(name == rule.name for name, _ in active))
-        series = {**series_from_records(broken, run), **series_from_records(healthy, "healthy-run")}
+        extra = settings.selector_labels
+        series = {**series_from_records(broken, run, extra), **series_from_records(healthy, "healthy-run", extra)}
         record = broken[fired_at]
         expected_alerts = []
         for name, labels in sorted(states[fired_at]):
@@ -328,7 +359,10 @@ def promtool_tests(settings: AlertSettings, rules_path: str = f"../{RULES_FILE}"
             annotations = settings.annotations(rule)
             annotations["description"] = rule.render_description(run, value, record.step, dict(labels), t)
             expected_alerts.append(
-                {"exp_labels": {"severity": rule.severity, "run": run, **dict(labels)}, "exp_annotations": annotations}
+                {
+                    "exp_labels": {"severity": rule.severity, "run": run, **extra, **dict(labels)},
+                    "exp_annotations": annotations,
+                }
             )
         # Sample i + 1 follows record i: evaluation times are whole intervals.
         fire_time = format_duration((fired_at + 1) * interval)
@@ -377,6 +411,11 @@ def _stale_test(rule: Rule, settings: AlertSettings) -> dict[str, Any]:
     samples = math.floor(stale / interval) + 3
     fire_at = math.floor(stale / interval) + 1  # first evaluation with time() - 0 > stale
     step_query_value = "7"
+    extra = settings.selector_labels
+
+    def series(name: str, run: str) -> str:
+        return _series_text(name, {"run": run, **extra})
+
     annotations = settings.annotations(rule)
     annotations["description"] = rule.render_description(
         "stopped-run", fire_at * interval, int(step_query_value), {}, settings.thresholds
@@ -385,10 +424,10 @@ def _stale_test(rule: Rule, settings: AlertSettings) -> dict[str, Any]:
         "name": f"{rule.name} fires once a run is silent for stale_seconds, and not while it reports",
         "interval": format_duration(interval),
         "input_series": [
-            {"series": 'advmon_last_update_timestamp_seconds{run="stopped-run"}', "values": f"0x{samples}"},
-            {"series": 'advmon_step{run="stopped-run"}', "values": f"{step_query_value}x{samples}"},
+            {"series": series("advmon_last_update_timestamp_seconds", "stopped-run"), "values": f"0x{samples}"},
+            {"series": series("advmon_step", "stopped-run"), "values": f"{step_query_value}x{samples}"},
             {
-                "series": 'advmon_last_update_timestamp_seconds{run="healthy-run"}',
+                "series": series("advmon_last_update_timestamp_seconds", "healthy-run"),
                 "values": f"0+{_number(interval)}x{samples}",
             },
         ],
@@ -398,7 +437,10 @@ def _stale_test(rule: Rule, settings: AlertSettings) -> dict[str, Any]:
                 "eval_time": format_duration(fire_at * interval),
                 "alertname": rule.name,
                 "exp_alerts": [
-                    {"exp_labels": {"severity": rule.severity, "run": "stopped-run"}, "exp_annotations": annotations}
+                    {
+                        "exp_labels": {"severity": rule.severity, "run": "stopped-run", **extra},
+                        "exp_annotations": annotations,
+                    }
                 ],
             },
         ],

@@ -53,6 +53,8 @@ class AlertSink(Sink):
 
     name = "alerts"
     synchronous = False
+    #: Alerts are about now: a record this sink missed is not worth replaying later.
+    replayable = False
 
     def __init__(
         self,

@@ -1,0 +1,154 @@
+"""End to end: advmon exporters -> real Prometheus with the generated rules -> real
+Alertmanager with the generated config -> a local stand-in for Slack.
+
+And the in-process path (no Prometheus) against the same stand-in.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import advmon
+from advmon.alerts import AlertmanagerSettings, AlertSettings, generate
+from advmon.sinks.prometheus import PrometheusSink
+from tests.services import FakeSlack, start_alertmanager, start_prometheus, wait_for
+
+pytestmark = pytest.mark.integration
+
+GROUP = 8
+RUNBOOKS = "https://runbooks.example.test/advmon.md"
+DASHBOARD = "http://127.0.0.1:3000/d/advmon-health"
+
+
+def grpo_step(monitor: advmon.Monitor, rng: np.random.Generator, nan_rewards: int = 0) -> None:
+    """One GRPO step observed by the monitor: binary rewards, group-normalized advantages."""
+    rewards = (rng.random(64) < 0.5).astype(np.float32)
+    rewards[:nan_rewards] = np.nan
+    groups = rewards.reshape(-1, GROUP)
+    std = np.nanstd(groups, axis=1, ddof=1, keepdims=True)
+    advantages = (groups - np.nanmean(groups, axis=1, keepdims=True)) / (std + 1e-6)
+    mask = torch.ones(64, 16)
+    adv = torch.from_numpy(advantages.reshape(-1, 1).astype(np.float32)).expand(64, 16)
+    monitor.observe(rewards=torch.from_numpy(rewards), advantages=adv, mask=mask, group_size=GROUP)
+
+
+def slack_alerts(slack: FakeSlack) -> list[dict]:
+    return [post["json"] for post in slack.posts]
+
+
+def test_unstable_run_reaches_slack_and_resolves_stable_run_stays_quiet(tmp_path):
+    slack = FakeSlack()
+    webhook_file = tmp_path / "slack-webhook-url"
+    webhook_file.write_text(slack.url + "\n")
+    settings = AlertSettings(interval_seconds=1.0, runbook_base=RUNBOOKS, dashboard_url=DASHBOARD)
+    routing = AlertmanagerSettings(
+        webhook_file=str(webhook_file), dashboard_url=DASHBOARD, group_wait=1, group_interval=1, repeat_interval=3600
+    )
+    generate(tmp_path / "alerts", settings, routing)
+    assert slack.url not in "".join(p.read_text() for p in (tmp_path / "alerts").rglob("*.yml"))
+
+    stable = advmon.Monitor("stable-run", sinks=[PrometheusSink(port=0)])
+    unstable = advmon.Monitor("unstable-run", sinks=[PrometheusSink(port=0)])
+    targets = {f"grpo-{m.run}": f"127.0.0.1:{m.sinks[0].port}" for m in (stable, unstable)}
+    alertmanager, am_url = start_alertmanager(tmp_path, tmp_path / "alerts" / "alertmanager.yml")
+    prometheus, _ = start_prometheus(
+        tmp_path, targets, rule_files=[tmp_path / "alerts" / "advmon-rules.yml"], alertmanager=am_url.removeprefix("http://")
+    )
+    rng = np.random.default_rng(0)
+    started = time.monotonic()
+    try:
+        step = 0
+
+        def tick(nan_rewards: int = 0) -> None:
+            nonlocal step
+            with stable.step(step):
+                grpo_step(stable, rng)
+            with unstable.step(step):
+                grpo_step(unstable, rng, nan_rewards)
+            step += 1
+            time.sleep(1.0)
+
+        # Counters are scraped at 0 before anything happens (Prometheus needs a few seconds).
+        wait_for(lambda: prometheus_has_targets(prometheus, targets), 20, "the first scrapes")
+        for _ in range(3):
+            tick()
+        for _ in range(3):
+            tick(nan_rewards=3)  # the reward function starts failing ...
+
+        def firing():
+            return [a for a in slack_alerts(slack) if "[FIRING]" in a["attachments"][0]["title"]]
+
+        wait_for(firing, 20, "a firing Slack message")
+        while not any("[RESOLVED]" in a["attachments"][0]["title"] for a in slack_alerts(slack)):
+            tick()  # ... and recovers
+            assert time.monotonic() - started < 55, f"no resolved message: {slack_alerts(slack)}"
+    finally:
+        prometheus.stop()
+        alertmanager.stop()
+        stable.close()
+        unstable.close()
+        slack.stop()
+
+    messages = slack_alerts(slack)
+    assert all("on run stable-run" not in m["attachments"][0]["title"] for m in messages), messages
+    nonfinite = [m for m in messages if "AdvmonNonFiniteRewards" in m["attachments"][0]["title"]]
+    assert any("[FIRING]" in m["attachments"][0]["title"] for m in nonfinite)
+    assert any("[RESOLVED]" in m["attachments"][0]["title"] for m in nonfinite)
+    first = nonfinite[0]
+    assert first["username"] == "advmon"
+    attachment = first["attachments"][0]
+    assert "unstable-run" in attachment["title"]
+    assert attachment["title_link"] == f"{DASHBOARD}?var-run=unstable-run"
+    assert "NaN or Inf rewards: the reward function is failing" in attachment["text"]
+    assert f"{RUNBOOKS}#advmonnonfiniterewards" in attachment["text"]
+    # The description names the run, the value (3 NaN per step) and a step of the failing stretch.
+    assert "Run unstable-run: 3 NaN/Inf rewards at step" in attachment["text"]
+    fired_step = int(attachment["text"].split("NaN/Inf rewards at step ")[1].split(".")[0])
+    assert 3 <= fired_step <= 6
+    assert time.monotonic() - started < 60
+
+
+def prometheus_has_targets(prometheus, targets) -> bool:
+    import json
+    import re
+
+    from tests.services import http_get
+
+    log = prometheus.log_path.read_text()
+    url = re.search(r"127\.0\.0\.1:\d+", " ".join(prometheus.process.args)).group(0)
+    data = json.loads(http_get(f"http://{url}/api/v1/query?query=advmon_updates_total"))
+    return len(data["data"]["result"]) == len(targets) and "error" not in log.lower()[-200:]
+
+
+def test_in_process_slack_alerts_fire_resolve_and_rate_limit(tmp_path, monkeypatch):
+    slack = FakeSlack()
+    monkeypatch.setenv("ADVMON_TEST_SLACK", slack.url)
+    rng = np.random.default_rng(1)
+    try:
+        with advmon.Monitor("inproc-run", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl")], alerts=["slack:ADVMON_TEST_SLACK"]) as monitor:
+            assert slack.url not in repr(monitor.sinks) and "ADVMON_TEST_SLACK" in repr(monitor.sinks)
+            pattern = [0, 0, 2, 2, 0, 0, 2, 0]  # fires, resolves, fires again inside the rate limit
+            for step, nan in enumerate(pattern):
+                with monitor.step(step):
+                    grpo_step(monitor, rng, nan)
+        messages = slack_alerts(slack)
+    finally:
+        slack.stop()
+    titles = [m["attachments"][0]["title"] for m in messages if "AdvmonNonFiniteRewards" in m["attachments"][0]["title"]]
+    assert len(titles) == 2, titles  # one firing, one resolved; the second firing is rate-limited
+    assert "[FIRING] AdvmonNonFiniteRewards on run inproc-run" in titles[0]
+    assert "[RESOLVED]" in titles[1]
+    text = messages[0]["attachments"][0]["text"]
+    assert "Run inproc-run: 2 NaN/Inf rewards at step 2." in text
+    assert "docs/runbooks.md#advmonnonfiniterewards" in text
+    # Same steps as the recorded run evaluated offline.
+    from advmon.alerts.evaluator import evaluate_records
+
+    offline = [o for o in evaluate_records(advmon.read_jsonl(tmp_path / "r.jsonl")) if o.alert == "AdvmonNonFiniteRewards"]
+    assert [(o.fired_step, o.resolved_step) for o in offline] == [(2, 4), (6, 7)]
+    assert not math.isnan(offline[0].value)

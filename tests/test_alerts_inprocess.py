@@ -1,0 +1,219 @@
+"""The catalog in-process: what it catches on simulated runs, `advmon alerts check`, the alert sink."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from advmon.alerts.evaluator import AlertEvaluator, evaluate_records
+from advmon.alerts.sink import AlertSink
+from advmon.cli import main
+from advmon.record import Record
+from advmon.rules import CATALOG, Thresholds, group_bound
+from advmon.simulation import FAILURES, HEALTHY, RunSpec, corpus, simulate
+from advmon.sinks.jsonl import JsonlSink
+
+
+@pytest.mark.parametrize("kind", sorted(FAILURES))
+def test_each_failure_is_caught_by_its_rule_soon_after_onset(kind):
+    onset = 40
+    records = simulate(RunSpec(kind, seed=7, steps=80, onset=onset))
+    occurrences = evaluate_records(records)
+    mine = [o for o in occurrences if o.alert == FAILURES[kind]]
+    assert mine, f"{FAILURES[kind]} never fired on {kind}: {[(o.alert, o.fired_step) for o in occurrences]}"
+    assert onset <= mine[0].fired_step <= onset + 15
+    assert all(o.fired_step >= onset for o in occurrences), "an alarm before the failure began"
+
+
+@pytest.mark.parametrize("spec", [s for s in corpus(seeds=1, steps=100) if s.kind in HEALTHY], ids=lambda s: s.kind)
+def test_healthy_runs_raise_no_alert(spec):
+    assert evaluate_records(simulate(spec)) == []
+
+
+def test_group_bound_holds_for_every_group_normalization():
+    """Brute force: the largest |A| over many groups stays under G/sqrt(G-1) for each normalization."""
+    rng = np.random.default_rng(0)
+    for g in (2, 3, 4, 8, 16):
+        worst = 0.0
+        for _ in range(3000):
+            r = rng.choice([0.0, 1.0, 0.3, rng.normal()], size=g)
+            r[rng.integers(g)] = rng.normal() * 5
+            for ddof in (0, 1):
+                std = r.std(ddof=ddof)
+                if std == 0:
+                    continue
+                mean_adv = (r - r.mean()) / std
+                loo_adv = (r - (r.sum() - r) / (g - 1)) / std
+                worst = max(worst, np.abs(mean_adv).max(), np.abs(loo_adv).max())
+        assert worst <= group_bound(g, 1.0) * (1 + 1e-9)
+        assert worst > 0.9 * group_bound(g, 1.0)  # and the bound is tight
+
+
+def test_for_records_and_resolution():
+    rule = next(r for r in CATALOG if r.name == "AdvmonZeroStdGroupsHigh")
+    evaluator = AlertEvaluator(rules=[rule])
+    ratios = [0.1, 0.9, 0.9, 0.9, 0.9, 0.1, 0.9]
+    events = []
+    for step, ratio in enumerate(ratios):
+        events += evaluator.observe(Record("r", step, 0.0, "e", None, {"groups/zero_std_fraction": ratio}))
+    assert [(e.kind, e.step) for e in events] == [("firing", 3), ("resolved", 5)]
+    assert events[0].description == "Run r: 0.9 of the groups are zero-std at step 3 (threshold 0.8)."
+
+
+def write_run(path, kind: str, **spec) -> None:
+    sink = JsonlSink(path)
+    for record in simulate(RunSpec(kind, **spec)):
+        sink.write(record)
+    sink.close()
+
+
+def test_check_cli_json_and_exit_codes(tmp_path, capsys):
+    healthy, broken = tmp_path / "healthy.jsonl", tmp_path / "broken.jsonl"
+    write_run(healthy, "grpo_binary", seed=1, steps=40)
+    write_run(broken, "nan_rewards", seed=1, steps=40, onset=20)
+    assert main(["alerts", "check", str(healthy), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["alerts", "check", str(healthy), str(broken), "--format", "json"]) == 1
+    found = json.loads(capsys.readouterr().out)
+    assert found and all(set(o) == {"run", "alert", "severity", "fired_step", "resolved_step", "value"} for o in found)
+    first = next(o for o in found if o["alert"] == "AdvmonNonFiniteRewards")
+    assert first["run"] == "nan_rewards-s1" and first["fired_step"] == 20 and first["severity"] == "critical"
+    assert isinstance(first["value"], float) and first["value"] >= 1
+    # Text output names the alert and its step; a critical alert still means exit 1.
+    assert main(["alerts", "check", str(broken), "--threshold", "zero_std_ratio=0.5"]) == 1
+    text = capsys.readouterr().out
+    assert "AdvmonNonFiniteRewards" in text and "fired at step 20" in text
+
+
+@pytest.mark.parametrize("content", [None, "", "not json\n{}\n"])
+def test_check_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content):
+    path = tmp_path / "run.jsonl"
+    if content is not None:
+        path.write_text(content)
+    assert main(["alerts", "check", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("advmon: error:") and "Traceback" not in captured.err
+
+
+class Collect:
+    name = "collect"
+
+    def __init__(self, failures: int = 0) -> None:
+        self.messages = []
+        self.failures = failures
+
+    def send(self, message) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("webhook down")
+        self.messages.append(message)
+
+
+def nan_record(step: int, nan: float) -> Record:
+    return Record("r", step, 0.0, "e", None, {"rewards/nan_count": nan})
+
+
+def test_alert_sink_rate_limits_per_rule_and_run_and_pairs_resolutions():
+    now = [0.0]
+    notifier = Collect()
+    sink = AlertSink([notifier], min_interval=100.0, clock=lambda: now[0])
+    for step, nan in enumerate([1, 0, 1, 0]):  # flapping inside the rate limit
+        now[0] = step * 10.0
+        sink.write(nan_record(step, nan))
+    assert [(m.status, m.step) for m in notifier.messages] == [("firing", 0), ("resolved", 1)]
+    assert sink.suppressed == 1
+    now[0] = 500.0
+    sink.write(nan_record(4, 2))
+    assert [(m.status, m.step) for m in notifier.messages][-1] == ("firing", 4)
+    assert notifier.messages[-1].runbook_url == "docs/runbooks.md#advmonnonfiniterewards"
+
+
+def test_alert_sink_keeps_messages_when_a_notifier_fails_and_never_evaluates_twice():
+    notifier = Collect(failures=2)
+    sink = AlertSink([notifier])
+    record = nan_record(0, 1)
+    for _ in range(2):  # the delivery retries the same record
+        with pytest.raises(ConnectionError):
+            sink.write(record)
+    sink.write(record)
+    assert [(m.status, m.step) for m in notifier.messages] == [("firing", 0)]
+    sink.write(nan_record(1, 0))
+    assert [(m.status, m.step) for m in notifier.messages] == [("firing", 0), ("resolved", 1)]
+
+
+def test_thresholds_reach_the_in_process_rules():
+    records = [Record("r", s, 0.0, "e", None, {"groups/zero_std_fraction": 0.7}) for s in range(5)]
+    assert evaluate_records(records) == []
+    tuned = evaluate_records(records, Thresholds.with_overrides({"zero_std_ratio": 0.6}))
+    assert [(o.alert, o.fired_step, o.resolved_step) for o in tuned] == [("AdvmonZeroStdGroupsHigh", 2, None)]
+    assert not math.isnan(tuned[0].value)
+
+
+def test_wandb_alert_lands_in_the_offline_run_file(tmp_path, monkeypatch):
+    from tests.test_wandb import run_file
+    from tests.wandb_file import read_records
+
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = wandb.init(project="advmon-alerts", dir=str(tmp_path))
+    try:
+        with advmon_monitor("wandb-alerts", alerts=["wandb-alert"]) as monitor:
+            for step, nan in enumerate([0, 3, 0]):
+                monitor.observe(rewards=rewards_with_nan(nan), group_size=4)
+    finally:
+        run.finish()
+    alerts = [r.alert for r in read_records(run_file(tmp_path)) if r.WhichOneof("record_type") == "alert"]
+    assert [a.title for a in alerts] == [
+        "[FIRING] AdvmonNonFiniteRewards on run wandb-alerts",
+        "[RESOLVED] AdvmonNonFiniteRewards on run wandb-alerts",
+    ]
+    assert "Run wandb-alerts: 3 NaN/Inf rewards at step 1." in alerts[0].text
+    assert alerts[0].level == "ERROR"
+
+
+def advmon_monitor(run: str, **kwargs):
+    import advmon
+
+    return advmon.Monitor(run, sinks=[], **kwargs)
+
+
+def rewards_with_nan(nan: int):
+    import torch
+
+    rewards = torch.tensor([0.0, 1.0, 1.0, 0.0] * 2)
+    rewards[:nan] = float("nan")
+    return rewards
+
+
+def test_a_dead_webhook_warns_without_the_secret(tmp_path, monkeypatch, capfd):
+    import warnings
+
+    from tests.services import free_port
+
+    secret_url = f"http://127.0.0.1:{free_port()}/services/T0/B0/very-secret-token"
+    webhook_file = tmp_path / "webhook"
+    webhook_file.write_text(secret_url)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = advmon_monitor("dead-hook", alerts=[f"slack:{webhook_file}"], retries=1)
+        monitor.observe(rewards=rewards_with_nan(2), group_size=4)
+        monitor.close()
+        text = repr(monitor) + repr(monitor.sinks) + "".join(str(w.message) for w in caught)
+    out, err = capfd.readouterr()
+    assert "very-secret-token" not in text + out + err
+    assert monitor.last_metrics["advmon/sink_errors/alerts-slack"] == 0  # counted on the next record
+    assert any("alerts-slack" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
+def test_slack_spec_refuses_a_url_and_a_missing_source(monkeypatch):
+    from advmon.errors import AdvmonConfigError
+
+    with pytest.raises(AdvmonConfigError, match="not the URL itself"):
+        advmon_monitor("x", alerts=["slack:https://hooks.slack.com/services/T/B/secret"])
+    monkeypatch.delenv("NO_SUCH_WEBHOOK_VAR", raising=False)
+    with pytest.raises(AdvmonConfigError, match="neither a file nor a set environment variable"):
+        advmon_monitor("x", alerts=["slack:NO_SUCH_WEBHOOK_VAR"])
