@@ -448,15 +448,17 @@ def _eval_group_bound(window: Sequence[RecordLike], t: Thresholds) -> list[Findi
     return _single(value > limit, value)
 
 
+def bound_promql(t: Thresholds, ctx: PromContext) -> str:
+    """The per-run bound on |A| as PromQL: the group bound where a step has groups, else ``ungrouped_abs_max``."""
+    size = ctx.metric("advmon_group_max_size")
+    grouped = f"({size} >= 2)"
+    fallback = f"({_number(t['ungrouped_abs_max'])} + 0 * {ctx.metric('advmon_updates_total')})"
+    return f"(({_number(t['group_bound_factor'])} * {grouped} / sqrt({grouped} - 1)) or on (job, instance, run) {fallback})"
+
+
 def _prom_group_bound(t: Thresholds, ctx: PromContext) -> str:
     abs_max = ctx.stage_metric("advmon_advantage_abs_max", "post_norm")
-    size = ctx.metric("advmon_group_max_size")
-    factor = _number(t["group_bound_factor"])
-    grouped = f"({size} >= 2)"
-    return (
-        f"({abs_max} > ({factor} * {grouped} / sqrt({grouped} - 1)))"
-        f" or ({abs_max} > {_number(t['ungrouped_abs_max'])} unless {grouped})"
-    )
+    return f"{abs_max} > {bound_promql(t, ctx)}"
 
 
 def _eval_zero_std(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
