@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=_positive_int, default=60, help="training steps per run (default 60)")
     demo.add_argument("--seed", type=_non_negative_int, default=0, help="random seed (default 0)")
     demo.add_argument("--out", type=Path, default=Path("advmon-runs"), help="directory for the JSONL files")
+    demo.add_argument("--serve", action="store_true", help="keep the runs exposed on a local Prometheus endpoint")
+    demo.add_argument("--port", type=_non_negative_int, default=9464, help="port for --serve (default 9464, 0: free)")
+    demo.add_argument("--step-seconds", type=float, default=5.0, help="seconds per step with --serve (default 5)")
 
     summary = commands.add_parser("summary", help="summarise advmon JSONL files")
     summary.add_argument("files", nargs="+", type=Path, help="JSONL files written by advmon")
@@ -64,7 +67,29 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--since-step", type=_non_negative_int, default=0, help="only records from this step on")
     replay.add_argument("--retries", type=_non_negative_int, default=3, help="attempts per record after the first")
     _add_alert_commands(commands)
+    _add_dashboard_commands(commands)
     return parser
+
+
+def _add_dashboard_commands(commands: argparse._SubParsersAction) -> None:
+    boards = commands.add_parser("dashboards", help="generate Grafana boards, or preview one as a PNG")
+    verbs = boards.add_subparsers(dest="dashboards_command", required=True, metavar="VERB")
+    generate = verbs.add_parser("generate", help="write the boards and Grafana provisioning files")
+    generate.add_argument("--out", type=Path, default=Path("dashboards"), help="directory to write (default dashboards/)")
+    generate.add_argument("--datasource-uid", default="advmon-prometheus", help="uid of the Prometheus datasource")
+    generate.add_argument("--prometheus-url", default="http://127.0.0.1:9090", help="URL of the provisioned datasource")
+    generate.add_argument("--selector", default="", metavar="MATCHERS", help="label matchers for every query")
+    generate.add_argument("--title", default="", metavar="PREFIX", help="put before each board's title")
+    generate.add_argument("--runbook-base", default="docs/runbooks.md", metavar="URL", help="runbooks page URL")
+    generate.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="override a threshold")
+    preview = verbs.add_parser("preview", help="draw a board from a Prometheus's data, without Grafana")
+    preview.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus that scrapes the runs")
+    preview.add_argument("--run", required=True, action="append", metavar="RUN", help="run(s) to show (A for compare)")
+    preview.add_argument("--run-b", metavar="RUN", help="run B, for the compare board")
+    preview.add_argument("--board", choices=("health", "compare"), default="health")
+    preview.add_argument("--job", default=".*", help="job regex (default all)")
+    preview.add_argument("--range", default="1h", metavar="DURATION", help="time range to draw (default 1h)")
+    preview.add_argument("--out", type=Path, default=Path("board.png"), help="PNG to write (default board.png)")
 
 
 def _add_alert_commands(commands: argparse._SubParsersAction) -> None:
@@ -99,6 +124,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from advmon.demo import DemoConfig, run_demo
 
+            if args.serve:
+                from advmon.demo import serve_demo
+
+                serve_demo(DemoConfig(steps=args.steps, seed=args.seed, out=args.out), port=args.port,
+                           step_seconds=args.step_seconds)
+                return 0
             print(run_demo(DemoConfig(steps=args.steps, seed=args.seed, out=args.out)))
         elif args.command == "summary":
             from advmon.report import format_summary
@@ -117,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.alerts_command == "generate":
                 return generate(args)
             return check(args.files, args.format, args.threshold)
+        elif args.command == "dashboards":
+            return _dashboards(args)
     except (AdvmonError, OSError, ModuleNotFoundError) as exc:
         print(f"advmon: error: {exc}", file=sys.stderr)
         return 1
@@ -152,6 +185,29 @@ def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
     if failed:
         print(f"advmon: error: {failed} record(s) could not be sent", file=sys.stderr)
         return 1
+    return 0
+
+
+def _dashboards(args: argparse.Namespace) -> int:
+    from advmon.dashboards import DashboardSettings, boards, generate
+    from advmon.rules import Thresholds, parse_duration
+
+    if args.dashboards_command == "generate":
+        settings = DashboardSettings(
+            datasource_uid=args.datasource_uid, prometheus_url=args.prometheus_url, selector=args.selector,
+            title_prefix=args.title, runbook_base=args.runbook_base, thresholds=Thresholds.parse(args.threshold),
+        )
+        for path in generate(args.out, settings):
+            print(f"wrote {path}")
+        return 0
+    from advmon.dashboards.preview import render_board
+
+    settings = DashboardSettings()
+    name = "advmon-health.json" if args.board == "health" else "advmon-compare.json"
+    board = boards(settings)[name].to_json_data(settings.context)
+    values = {"job": args.job, "run": args.run, "run_a": args.run[0], "run_b": args.run_b or args.run[-1], "shift_a": ""}
+    out = render_board(board, args.prometheus, values, args.out, range_seconds=parse_duration(args.range))
+    print(f"wrote {out}")
     return 0
 
 

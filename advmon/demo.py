@@ -27,7 +27,7 @@ from advmon.monitor import Monitor
 from advmon.report import format_summary
 from advmon.sinks.jsonl import JsonlSink, read_jsonl
 
-__all__ = ["DemoConfig", "grpo_advantages", "run_demo"]
+__all__ = ["DemoConfig", "grpo_advantages", "run_demo", "serve_demo"]
 
 GROUP_SIZE = 8
 PROMPTS_PER_STEP = 48
@@ -112,20 +112,28 @@ def simulate_run(run: str, config: DemoConfig, unstable: bool) -> Path:
     """Write one simulated run's records to ``<out>/<run>.jsonl`` and return the path."""
     path = config.out / f"{run}.jsonl"
     path.unlink(missing_ok=True)  # the demo owns this file: start it afresh each time
-    generator = torch.Generator().manual_seed(config.seed * 2 + int(unstable))
     with Monitor(run, sinks=[JsonlSink(path)], reward_range=(0.0, 1.0)) as monitor:
-        @monitor.watch
-        def compute_advantage(prompt_ids, rewards, mask):
-            return grpo_advantages(prompt_ids, rewards, mask, one_pass_std=unstable)
-
-        half = PROMPTS_PER_STEP // 2 * GROUP_SIZE
-        for step in range(config.steps):
-            prompt_ids, rewards, mask = _batch(generator, step, config.steps, unstable)
-            with monitor.step(step):
-                # Two chunks per step, the way a streaming controller calls it.
-                for chunk in (slice(0, half), slice(half, None)):
-                    compute_advantage(prompt_ids[chunk], rewards[chunk], mask[chunk])
+        for _ in run_steps(monitor, config, unstable):
+            pass
     return path
+
+
+def run_steps(monitor: Monitor, config: DemoConfig, unstable: bool):
+    """Drive one simulated run through ``monitor``, yielding after each step."""
+    generator = torch.Generator().manual_seed(config.seed * 2 + int(unstable))
+
+    @monitor.watch
+    def compute_advantage(prompt_ids, rewards, mask):
+        return grpo_advantages(prompt_ids, rewards, mask, one_pass_std=unstable)
+
+    half = PROMPTS_PER_STEP // 2 * GROUP_SIZE
+    for step in range(config.steps):
+        prompt_ids, rewards, mask = _batch(generator, step, config.steps, unstable)
+        with monitor.step(step):
+            # Two chunks per step, the way a streaming controller calls it.
+            for chunk in (slice(0, half), slice(half, None)):
+                compute_advantage(prompt_ids[chunk], rewards[chunk], mask[chunk])
+        yield step
 
 
 def run_demo(config: DemoConfig) -> str:
@@ -159,3 +167,46 @@ def _alerts_section(records: list) -> str:
         resolved = "still firing" if o.resolved_step is None else f"resolved at {o.resolved_step}"
         lines.append(f"    step {o.fired_step:>4}  {o.severity:<8} {o.alert} ({resolved}, value {o.value:.4g})")
     return "\n".join(lines)
+
+
+def serve_demo(config: DemoConfig, host: str = "127.0.0.1", port: int = 9464, step_seconds: float = 5.0,
+               announce=print, stop=None) -> None:
+    """Expose ``tp1`` and ``tp2`` on one Prometheus endpoint, a step every ``step_seconds``, until interrupted.
+
+    Point a Prometheus at it (the scrape config is printed) with advmon's rules
+    (``alerts/``) and Grafana with ``dashboards/``, and watch the boards fill.
+    ``stop`` (a ``threading.Event``) ends it from another thread; Ctrl-C from a terminal.
+    """
+    import threading
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from advmon.sinks.prometheus import PrometheusSink
+
+    registry = CollectorRegistry(auto_describe=False)
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    endpoint = f"{host}:{server.server_port}"
+    announce(
+        f"advmon demo: serving tp1 and tp2 on http://{endpoint}/metrics, one step every {step_seconds:g} s "
+        "(Ctrl-C to stop). Add to prometheus.yml:\n\n"
+        "rule_files:\n  - /path/to/advmon/alerts/advmon-rules.yml\n"
+        f"scrape_configs:\n  - job_name: advmon-demo\n    scrape_interval: {max(1, int(step_seconds))}s\n"
+        f"    static_configs:\n      - targets: ['{endpoint}']\n\n"
+        f"and generate rules for this pace: advmon alerts generate --interval {max(1, int(step_seconds))}s\n"
+    )
+    monitors = [Monitor(run, sinks=[PrometheusSink(registry=registry)], reward_range=(0.0, 1.0)) for run in ("tp1", "tp2")]
+    runs = [run_steps(m, config, unstable) for m, unstable in zip(monitors, (False, True))]
+    stop = stop if stop is not None else threading.Event()
+    try:
+        for steps in zip(*runs):
+            announce(f"step {steps[0]}")
+            if stop.wait(step_seconds):
+                return
+        announce("all steps done; still serving the last values (Ctrl-C to stop)")
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for monitor in monitors:
+            monitor.close()
+        server.shutdown()

@@ -33,6 +33,14 @@ def run_file(tmp_path):
     return path
 
 
+def written_rows(tmp_path, count: int) -> list[dict]:
+    """History rows once W&B's writer (a separate process) has flushed ``count`` of them."""
+    from .services import wait_for
+
+    wait_for(lambda: len(history_rows(run_file(tmp_path))) >= count, 30, f"{count} W&B history rows")
+    return history_rows(run_file(tmp_path))
+
+
 def test_every_value_reaches_the_wandb_file(tmp_path, offline_wandb):
     monitor = advmon.Monitor("wb-own", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), WandbSink(project="advmon-test", dir=str(tmp_path))])
     estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
@@ -42,7 +50,7 @@ def test_every_value_reaches_the_wandb_file(tmp_path, offline_wandb):
             estimator.compute_advantage(prompts, rewards, mask)
     monitor.close()
     records = advmon.read_jsonl(tmp_path / "r.jsonl")
-    rows = history_rows(run_file(tmp_path))
+    rows = written_rows(tmp_path, 3)
     assert [row["advmon/step"] for row in rows] == [3, 4, 5]
     for record, row in zip(records, rows):
         for key, value in record.metrics.items():

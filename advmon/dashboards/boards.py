@@ -1,0 +1,308 @@
+"""The two boards: advantage health for on-call, and run comparison.
+
+Every number a panel colours by (the zero-std share, the group bound, the stale
+time) is read from the alert catalog's thresholds, so the board turns red where
+the alert fires: one source, never two copies of a number.
+"""
+
+from __future__ import annotations
+
+from advmon.dashboards.build import Board, BoardContext, PanelSpec, Query, Row, ThresholdStep, Variable
+from advmon.rules import POST_MEAN_MEDIAN, PRE_STD_MEDIAN, REWARD_MEAN_MEDIAN, PromContext, Thresholds, bound_promql
+
+__all__ = ["compare_board", "health_board"]
+
+HEALTH_UID = "advmon-health"
+COMPARE_UID = "advmon-compare"
+RUN_LABELS = "job, instance, run"
+
+
+def _selector(context: BoardContext, *matchers: str) -> str:
+    base = context.selector.strip().strip("{}").strip()
+    return ",".join(m for m in (base, *matchers) if m)
+
+
+class _Metrics:
+    """Metric selectors restricted to the board's variables."""
+
+    def __init__(self, context: BoardContext, *matchers: str) -> None:
+        self.ctx = PromContext(selector=_selector(context, *matchers))
+
+    def __call__(self, name: str, **labels: str) -> str:
+        return self.ctx.metric(name, **labels)
+
+
+def _runbook(runbook_base: str, alert: str) -> tuple[str, str]:
+    return (f"Runbook: {alert}", f"{runbook_base}#{alert.lower()}")
+
+
+def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: str = "docs/runbooks.md") -> Board:
+    """The on-call board: per selected run, is the estimator healthy, what fires, why."""
+    m = _Metrics(context, 'job=~"$job"', 'run=~"$run"')
+    t = thresholds
+    bound = bound_promql(t, m.ctx)
+    abs_max = f'max without (stage) ({m("advmon_advantage_abs_max", stage="post_norm")})'
+    alerts = m("ALERTS", alertstate="firing", alertname="Advmon.*").replace('alertname="', 'alertname=~"')
+    red_from = lambda value: (ThresholdStep("green"), ThresholdStep("red", value))  # noqa: E731
+    now = Row(
+        "Now",
+        [
+            PanelSpec(
+                "Firing advmon alerts",
+                "Advmon alerts firing now for the selected runs (Prometheus ALERTS). Anything above 0: open the "
+                "runbook of the alert named in the 'Alerts' annotations and the panels below.",
+                "none", [Query(f"count({alerts}) or vector(0)", "firing")], kind="stat", width=4, height=5,
+                thresholds=red_from(1), links=[("Runbooks", runbook_base)],
+            ),
+            PanelSpec(
+                "NaN/Inf values, last hour",
+                "NaN and Inf rewards and advantages counted in the last hour. Any: AdvmonNonFiniteRewards or "
+                "AdvmonNonFiniteAdvantages fires; check the reward function first.",
+                "none", [Query(f'round(sum(increase({m("advmon_nonfinite_values_total")}[1h]))) or vector(0)', "NaN/Inf")],
+                kind="stat", width=4, height=5, thresholds=red_from(1),
+                links=[_runbook(runbook_base, "AdvmonNonFiniteRewards"), _runbook(runbook_base, "AdvmonNonFiniteAdvantages")],
+            ),
+            PanelSpec(
+                "Zero-std group ratio",
+                "Share of groups whose rewards are all equal (no learning signal), worst selected run, last "
+                f"step. Red from {t['zero_std_ratio']:g}, AdvmonZeroStdGroupsHigh's threshold.",
+                "percentunit", [Query(f'max({m("advmon_zero_std_group_ratio")})', "zero-std")], kind="stat",
+                width=4, height=5, thresholds=red_from(t["zero_std_ratio"]),
+                links=[_runbook(runbook_base, "AdvmonZeroStdGroupsHigh")],
+            ),
+            PanelSpec(
+                "Post-norm |A| max vs bound",
+                "Largest |advantage| of the last step as a share of what group normalization allows "
+                f"({t['group_bound_factor']:g} x G/sqrt(G-1) for the largest group; {t['ungrouped_abs_max']:g} "
+                "without groups). 100% and above: AdvmonAdvantageBeyondGroupBound.",
+                "percentunit", [Query(f"max({abs_max} / {bound})", "|A| / bound")], kind="stat", width=4, height=5,
+                thresholds=red_from(1.0), links=[_runbook(runbook_base, "AdvmonAdvantageBeyondGroupBound")],
+            ),
+            PanelSpec(
+                "Seconds since the last record",
+                f"Time since the most stale selected run last reported. Red from {t['stale_seconds']:g} s "
+                "(AdvmonRunStoppedReporting).",
+                "s", [Query(f'time() - min({m("advmon_last_update_timestamp_seconds")})', "age")], kind="stat",
+                width=4, height=5, thresholds=red_from(t["stale_seconds"]),
+                links=[_runbook(runbook_base, "AdvmonRunStoppedReporting")],
+            ),
+            PanelSpec(
+                "Current step",
+                "The latest training step advmon recorded (largest over the selected runs).",
+                "none", [Query(f'max({m("advmon_step")})', "step")], kind="stat", width=4, height=5,
+            ),
+        ],
+    )
+
+    def stage_band(stage: str, extra: list[Query]) -> list[Query]:
+        mean, std = m("advmon_advantage_mean", stage=stage), m("advmon_advantage_std", stage=stage)
+        return [
+            Query(mean, "{{run}} mean"),
+            Query(f"{mean} + on ({RUN_LABELS}, stage) {std}", "{{run}} mean + std"),
+            Query(f"{mean} - on ({RUN_LABELS}, stage) {std}", "{{run}} mean - std"),
+            *extra,
+        ]
+
+    advantages = Row(
+        "Advantages",
+        [
+            PanelSpec(
+                "Post-norm mean ± std",
+                "What the estimator returned, per step: mean and one std either side, with the run's trailing "
+                "median of the mean. A healthy GRPO token-weighted mean sits a little below 0; moving more than "
+                f"{t['mean_drift']:g} from its median fires AdvmonPostNormMeanDrift.",
+                "none", stage_band("post_norm", [Query(m(POST_MEAN_MEDIAN), "{{run}} trailing median")]),
+                fill_below_to=".*std$", links=[_runbook(runbook_base, "AdvmonPostNormMeanDrift")],
+            ),
+            PanelSpec(
+                "Pre-norm mean ± std",
+                "Before normalization (tapped, or reward minus its group mean). A collapsing reward model shrinks "
+                f"this std while post-norm looks normal: below {t['scale_collapse_ratio']:g} x its trailing median "
+                f"fires AdvmonAdvantageScaleCollapse, above {t['scale_spike_ratio']:g} x AdvmonAdvantageScaleSpike.",
+                "none", stage_band("pre_norm", [Query(m(PRE_STD_MEDIAN), "{{run}} std trailing median")]),
+                fill_below_to=".*std$", links=[_runbook(runbook_base, "AdvmonAdvantageScaleCollapse")],
+            ),
+            PanelSpec(
+                "Post-norm min / max and the bound",
+                "Extremes of the returned advantages against the group-normalization bound (dashed). Beyond it the "
+                "grouping or the std is wrong (float32 cancellation, an epsilon instead of a zero-std guard).",
+                "none",
+                [
+                    Query(m("advmon_advantage_max", stage="post_norm"), "{{run}} max"),
+                    Query(m("advmon_advantage_min", stage="post_norm"), "{{run}} min"),
+                    Query(bound, "{{run}} bound"),
+                    Query(f"-{bound}", "{{run}} -bound"),
+                ],
+                fill_below_to=".*bound$", links=[_runbook(runbook_base, "AdvmonAdvantageBeyondGroupBound")],
+            ),
+            PanelSpec(
+                "Post-norm percentiles",
+                "p1, p10, p50, p90, p99 of the returned advantages (exact, or within 0.2% of the range for large "
+                "batches). Tails that widen while the median holds mean a few groups dominate the update.",
+                "none", [Query(m("advmon_advantage_percentile", stage="post_norm"), "{{run}} p{{percentile}}")],
+            ),
+        ],
+    )
+    groups = Row(
+        "Groups and rewards",
+        [
+            PanelSpec(
+                "Zero-std, all-fail and all-pass groups",
+                "Shares of groups with all-equal rewards, and of those all failing / all passing (with a reward "
+                f"range). Healthy binary-reward GRPO: 25-45% zero-std, growing with skill; dashed line at "
+                f"{t['zero_std_ratio']:g}.",
+                "percentunit",
+                [
+                    Query(m("advmon_zero_std_group_ratio"), "{{run}} zero-std"),
+                    Query(m("advmon_group_all_fail_ratio"), "{{run}} all fail"),
+                    Query(m("advmon_group_all_pass_ratio"), "{{run}} all pass"),
+                ],
+                thresholds=(ThresholdStep("green"), ThresholdStep("red", t["zero_std_ratio"])),
+                links=[_runbook(runbook_base, "AdvmonZeroStdGroupsHigh")],
+            ),
+            PanelSpec(
+                "Rewards: mean, min, max",
+                "Per-sequence rewards of each step, with the trailing median of the mean. A fall of more than "
+                f"{t['reward_drop_stds']:g} reward stds below it fires AdvmonRewardCollapse.",
+                "none",
+                [
+                    Query(m("advmon_reward_mean"), "{{run}} mean"),
+                    Query(m("advmon_reward_min"), "{{run}} min"),
+                    Query(m("advmon_reward_max"), "{{run}} max"),
+                    Query(m(REWARD_MEAN_MEDIAN), "{{run}} trailing median"),
+                ],
+                links=[_runbook(runbook_base, "AdvmonRewardCollapse")],
+            ),
+            PanelSpec(
+                "NaN/Inf values",
+                "Non-finite rewards and advantages per interval, by stage and kind. Any at all is critical.",
+                "none",
+                [Query(f'sum by (run, stage, kind) (increase({m("advmon_nonfinite_values_total")}[$__rate_interval]))',
+                       "{{run}} {{stage}} {{kind}}")],
+                thresholds=red_from(1), links=[_runbook(runbook_base, "AdvmonNonFiniteRewards")],
+            ),
+            PanelSpec(
+                "Groups per step and the largest group",
+                "How many prompt groups each step had and the size of the largest (the G of the bound).",
+                "none",
+                [Query(m("advmon_groups"), "{{run}} groups"), Query(m("advmon_group_max_size"), "{{run}} largest group")],
+            ),
+        ],
+    )
+    health = Row(
+        "advmon's own health",
+        [
+            PanelSpec(
+                "Records per minute",
+                "Records advmon emitted per minute; flat at zero while training runs means the estimator is not "
+                "watched, or the process is stuck.",
+                "none", [Query(f'rate({m("advmon_updates_total")}[$__rate_interval]) * 60', "{{run}}")], width=8,
+            ),
+            PanelSpec(
+                "Sink errors and dropped records",
+                "Records a sink failed to take after retries, and records dropped from a full queue. Replay them "
+                "from the JSONL file with `advmon replay`.",
+                "none",
+                [
+                    Query(f'increase({m("advmon_sink_errors_total")}[$__rate_interval])', "{{run}} {{sink}} errors"),
+                    Query(f'increase({m("advmon_dropped_records_total")}[$__rate_interval])', "{{run}} {{sink}} dropped"),
+                ],
+                width=8, links=[_runbook(runbook_base, "AdvmonSinkErrors"), _runbook(runbook_base, "AdvmonDroppedRecords")],
+            ),
+            PanelSpec(
+                "advmon internal errors",
+                "Problems advmon met recording a call (mask shape, missing rewards...): the training log has one "
+                "AdvmonWarning per kind.",
+                "none", [Query(f'increase({m("advmon_internal_errors_total")}[$__rate_interval])', "{{run}}")],
+                width=8, links=[_runbook(runbook_base, "AdvmonInternalErrors")],
+            ),
+        ],
+    )
+    return Board(
+        title="advmon: advantage health",
+        uid=HEALTH_UID,
+        description="Per run: is the advantage estimator healthy, which advmon alerts fire and why.",
+        rows=[now, advantages, groups, health],
+        variables=[
+            Variable("job", "Job", _label_values(context, "job"), multi=True, include_all=True),
+            Variable("run", "Run", _label_values(context, "run", 'job=~"$job"'), multi=True, include_all=True),
+        ],
+        annotations=[_alert_annotation(context)],
+        links=[("Runbooks", runbook_base), ("Compare runs", f"/d/{COMPARE_UID}")],
+    )
+
+
+def _label_values(context: BoardContext, label: str, *matchers: str) -> str:
+    """A variable's query: the values of ``label`` on advmon's always-present counter."""
+    return f"label_values({PromContext(selector=_selector(context, *matchers)).metric('advmon_updates_total')}, {label})"
+
+
+def _alert_annotation(context: BoardContext) -> dict:
+    selector = _selector(context, 'alertstate="firing"', 'alertname=~"Advmon.*"', 'run=~"$run"')
+    return {
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "enable": True,
+        "expr": f"ALERTS{{{selector}}}",
+        "iconColor": "red",
+        "name": "Alerts",
+        "step": "60s",
+        "titleFormat": "{{alertname}}",
+        "textFormat": "{{run}} ({{severity}})",
+        "useValueForTime": False,
+    }
+
+
+_COMPARED = (
+    ("Post-norm mean", "advmon_advantage_mean", {"stage": "post_norm"}, "none"),
+    ("Post-norm std", "advmon_advantage_std", {"stage": "post_norm"}, "none"),
+    ("Post-norm |A| max", "advmon_advantage_abs_max", {"stage": "post_norm"}, "none"),
+    ("Post-norm p99", "advmon_advantage_percentile", {"stage": "post_norm", "percentile": "99"}, "none"),
+    ("Pre-norm std", "advmon_advantage_std", {"stage": "pre_norm"}, "none"),
+    ("Zero-std group ratio", "advmon_zero_std_group_ratio", {}, "percentunit"),
+    ("Reward mean", "advmon_reward_mean", {}, "none"),
+)
+
+
+def compare_board(context: BoardContext, thresholds: Thresholds, runbook_base: str = "docs/runbooks.md") -> Board:
+    """Two runs of one recipe (TP=1 vs TP=2, before vs after), overlaid, with their difference."""
+    a = _Metrics(context, 'job=~"$job"', 'run="$run_a"')
+    b = _Metrics(context, 'job=~"$job"', 'run="$run_b"')
+    rows = []
+    steps = PanelSpec(
+        "Training step of each run",
+        "advmon_step of both runs over time. Prometheus lines series up by time, not by step: when run A "
+        "started earlier, type 'offset 2h' (how much earlier) into 'Shift run A' so equal steps overlap.",
+        "none",
+        [Query(f"{a('advmon_step')} $shift_a", "A: {{run}}"), Query(b("advmon_step"), "B: {{run}}")],
+        width=24, height=6,
+    )
+    rows.append(Row("Alignment", [steps]))
+    for title, name, labels, unit in _COMPARED:
+        series_a, series_b = f"{a(name, **labels)} $shift_a", b(name, **labels)
+        overlay = PanelSpec(
+            f"{title}: A and B",
+            f"{title} of run A ($run_a, '$shift_a') and run B ($run_b).",
+            unit, [Query(series_a, "A: {{run}}"), Query(series_b, "B: {{run}}")],
+        )
+        difference = PanelSpec(
+            f"{title}: A - B",
+            f"Difference of {title.lower()} between the runs at the same (shifted) time. A difference that "
+            "grows beyond both runs' own step-to-step noise is a divergence: `advmon compare` tests it on the files.",
+            unit, [Query(f"({series_a}) - ignoring ({RUN_LABELS}) ({series_b})", "A - B")],
+        )
+        rows.append(Row(title, [overlay, difference]))
+    runs = _label_values(context, "run", 'job=~"$job"')
+    return Board(
+        title="advmon: compare runs",
+        uid=COMPARE_UID,
+        description="Two runs of one recipe overlaid, with their difference, statistic by statistic.",
+        rows=rows,
+        variables=[
+            Variable("job", "Job", _label_values(context, "job"), multi=True, include_all=True),
+            Variable("run_a", "Run A", runs),
+            Variable("run_b", "Run B", runs),
+            # A PromQL offset clause ("offset 2h") or nothing: Prometheus 2.x refuses "offset 0s".
+            Variable("shift_a", "Shift run A", kind="textbox", default=""),
+        ],
+        links=[("Runbooks", runbook_base), ("Advantage health", f"/d/{HEALTH_UID}")],
+    )
