@@ -12,8 +12,9 @@ PIP := $(PY) -m pip --disable-pip-version-check
 TORCH_PIN := torch==2.13.0
 CORE_STAMP := $(VENV)/.advmon-core
 DEV_STAMP := $(VENV)/.advmon-dev
-SERVICE_PACKAGES := prometheus prometheus-pushgateway prometheus-alertmanager
-SERVICE_BINARIES := prometheus promtool prometheus-pushgateway prometheus-alertmanager amtool
+# chromium: the report tests render HTML as a person sees it (headless).
+SERVICE_PACKAGES := prometheus prometheus-pushgateway prometheus-alertmanager chromium
+SERVICE_BINARIES := prometheus promtool prometheus-pushgateway prometheus-alertmanager amtool chromium
 
 .PHONY: demo test bench services install clean
 
@@ -26,6 +27,8 @@ test: $(DEV_STAMP) services
 bench: $(DEV_STAMP)
 	$(PY) benchmarks/bench_stats.py
 	$(PY) benchmarks/bench_emit.py
+	$(PY) benchmarks/bench_report.py --repeat 1
+	$(PY) benchmarks/alert_corpus.py
 
 install: $(DEV_STAMP)
 
@@ -41,8 +44,8 @@ $(DEV_STAMP): pyproject.toml $(CORE_STAMP)
 	$(PIP) install --quiet $(TORCH_PIN) -e '.[dev]'
 	touch $@
 
-# Prometheus, Pushgateway and Alertmanager from Debian; the tests start them
-# themselves on 127.0.0.1 with free ports and temporary directories.
+# Prometheus, Pushgateway, Alertmanager (and Chromium) from Debian; the tests start
+# them themselves on 127.0.0.1 with free ports and temporary directories.
 services:
 	@missing=""; for b in $(SERVICE_BINARIES); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then \

@@ -8,6 +8,12 @@
   and promtool tests for a team's settings.
 * ``advmon alerts check FILE...``: evaluate the alert catalog over recorded runs
   (exit 1 when a critical alert fired: a CI gate).
+* ``advmon report RUN``: a self-contained HTML page (or a PNG) about a recorded run.
+* ``advmon compare RUN_A RUN_B``: do two runs diverge, where, and in what (exit 1 if so).
+* ``advmon dashboards generate|preview``: Grafana boards, and pictures of them.
+
+A RUN is a JSONL file (``FILE#RUN`` for one of several), ``mlflow+TRACKING_URI#RUN``
+or a W&B offline run directory; see :mod:`advmon.runs`.
 """
 
 from __future__ import annotations
@@ -68,7 +74,28 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--retries", type=_non_negative_int, default=3, help="attempts per record after the first")
     _add_alert_commands(commands)
     _add_dashboard_commands(commands)
+    _add_run_commands(commands)
     return parser
+
+
+RUN_HELP = "a JSONL file (FILE#RUN for one of several), mlflow+TRACKING_URI#RUN_ID_OR_NAME, or a W&B offline run dir"
+
+
+def _add_run_commands(commands: argparse._SubParsersAction) -> None:
+    report = commands.add_parser("report", help="an HTML page (or PNG) about a recorded run")
+    report.add_argument("run", help=RUN_HELP)
+    report.add_argument("--out", type=Path, default=None, help="file to write (default report-<run>.html/.png)")
+    report.add_argument("--format", choices=("html", "png"), default="html")
+    report.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="override a threshold")
+    report.add_argument("--runbook-base", default="docs/runbooks.md", metavar="URL", help="runbooks page URL")
+    compare = commands.add_parser("compare", help="do two runs diverge, where, and in which statistic first")
+    compare.add_argument("run_a", help=RUN_HELP)
+    compare.add_argument("run_b", help=RUN_HELP)
+    compare.add_argument("--format", choices=("text", "json"), default="text")
+    compare.add_argument("--html", type=Path, default=None, metavar="FILE", help="also write overlay plots here")
+    compare.add_argument("--window", type=_positive_int, default=20, help="steps per compared window (default 20)")
+    compare.add_argument("--z", type=float, default=4.0, help="|z| that counts as divergence (default 4)")
+    compare.add_argument("--persistence", type=_positive_int, default=3, help="consecutive steps needed (default 3)")
 
 
 def _add_dashboard_commands(commands: argparse._SubParsersAction) -> None:
@@ -150,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return check(args.files, args.format, args.threshold)
         elif args.command == "dashboards":
             return _dashboards(args)
+        elif args.command in ("report", "compare"):
+            return _run_command(args)
     except (AdvmonError, OSError, ModuleNotFoundError) as exc:
         print(f"advmon: error: {exc}", file=sys.stderr)
         return 1
@@ -186,6 +215,48 @@ def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
         print(f"advmon: error: {failed} record(s) could not be sent", file=sys.stderr)
         return 1
     return 0
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """``report`` and ``compare``: bad input is one line and exit code 2."""
+    import warnings
+
+    from advmon.rules import Thresholds
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if args.command == "report":
+                from advmon.html_report import write_png, write_report
+                from advmon.runs import read_run
+
+                run = read_run(args.run)
+                thresholds = Thresholds.parse(args.threshold)
+                out = args.out or Path(f"report-{run.name}.{args.format}")
+                if args.format == "png":
+                    write_png(run, out, thresholds)
+                else:
+                    write_report(run, out, thresholds, args.runbook_base)
+                print(f"wrote {out}: open it in a browser" if args.format == "html" else f"wrote {out}")
+                code = 0
+            else:
+                from advmon.compare import compare_runs, write_comparison_html
+                from advmon.runs import read_run
+
+                comparison = compare_runs(read_run(args.run_a), read_run(args.run_b), args.window, args.z,
+                                          args.persistence)
+                print(comparison.to_json() if args.format == "json" else comparison.to_text())
+                if args.html is not None:
+                    write_comparison_html(comparison, args.html)
+                    if args.format == "text":
+                        print(f"wrote {args.html}")
+                code = 1 if comparison.diverged else 0
+        for warning in caught:
+            print(f"advmon: warning: {warning.message}", file=sys.stderr)
+        return code
+    except (AdvmonError, OSError) as exc:
+        print(f"advmon: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _dashboards(args: argparse.Namespace) -> int:

@@ -153,7 +153,33 @@ def run_demo(config: DemoConfig) -> str:
         "Alerts: the catalog of advmon/rules.py, evaluated as `advmon alerts check advmon-runs/*.jsonl` does;\n"
         "`advmon alerts generate` writes the same rules for Prometheus and Alertmanager (alerts/)."
     )
+    sections.append(_report_and_comparison(config))
     return "\n\n".join(sections)
+
+
+def _report_and_comparison(config: DemoConfig) -> str:
+    """The HTML report of ``tp2`` and the comparison of ``tp1`` with ``tp2``, written beside the runs."""
+    from advmon.compare import compare_runs, write_comparison_html
+    from advmon.html_report import write_report
+    from advmon.runs import read_run
+
+    tp1, tp2 = (read_run(config.out / f"{run}.jsonl") for run in ("tp1", "tp2"))
+    report = write_report(tp2, config.out / "report-tp2.html")
+    if len(tp1.records) < 20:
+        return f"Report: open {report} in a browser (too few steps to compare the runs)."
+    comparison = compare_runs(tp1, tp2)
+    page = write_comparison_html(comparison, config.out / "compare-tp1-tp2.html")
+    first = comparison.diverged_in_order()[:3]
+    verdict = (
+        f"tp1 vs tp2: first divergence at step {comparison.first_divergence} "
+        f"({', '.join(s.key for s in first)})" if comparison.diverged else "tp1 vs tp2: equivalent"
+    )
+    return (
+        f"{verdict}\n"
+        f"Open in a browser: {report} (the tp2 report) and {page} (the comparison).\n"
+        "Same from the command line: advmon report advmon-runs/tp2.jsonl; "
+        "advmon compare advmon-runs/tp1.jsonl advmon-runs/tp2.jsonl"
+    )
 
 
 def _alerts_section(records: list) -> str:

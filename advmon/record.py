@@ -69,7 +69,10 @@ class Record:
     def from_json(cls, line: str | Mapping[str, Any]) -> Record:
         """Parse what :meth:`to_json` wrote; ``null`` metrics come back as ``nan``."""
         data = json.loads(line) if isinstance(line, str) else line
-        metrics = {key: math.nan if value is None else float(value) for key, value in data["metrics"].items()}
+        metrics = {
+            key: value if type(value) is float else math.nan if value is None else float(value)
+            for key, value in data["metrics"].items()
+        }
         return cls(
             run=str(data["run"]),
             step=int(data["step"]),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from advmon.record import Record
 
-__all__ = ["ADVANTAGE_OUTLIER", "SIGNS", "Sign", "first_signs", "format_summary"]
+__all__ = ["ADVANTAGE_OUTLIER", "SIGNS", "TABLE", "Sign", "first_signs", "format_summary", "worst_value"]
 
 #: |advantage| beyond which a value is an outlier. Sample-std normalization bounds
 #: |A| by (G-1)/sqrt(G) (2.47 for G=8), but a leave-one-out std over graded rewards
@@ -78,7 +78,7 @@ SIGNS: tuple[tuple[str, Callable[[Record], bool], Callable[[Record], str]], ...]
 )
 
 # key, label, which end is worse
-_TABLE: tuple[tuple[str, str], ...] = (
+TABLE: tuple[tuple[str, str], ...] = (
     ("rewards/mean", "min"),
     ("rewards/nan_count", "max"),
     ("groups/zero_std_fraction", "max"),
@@ -101,7 +101,8 @@ def first_signs(records: Sequence[Record]) -> list[Sign]:
     return sorted(found.values(), key=lambda s: s.step)
 
 
-def _worst(records: Sequence[Record], key: str, end: str) -> tuple[float, int] | None:
+def worst_value(records: Sequence[Record], key: str, end: str) -> tuple[float, int] | None:
+    """The worst finite value of ``key`` (``end`` = "min" or "max") and its step."""
     values = [(_value(r, key), r.step) for r in records if math.isfinite(_value(r, key))]
     if not values:
         return None
@@ -118,8 +119,8 @@ def format_summary(run: str, records: Sequence[Record], source: str = "") -> str
         return "\n".join(lines + ["  no records"])
     last = records[-1]
     lines.append(f"  {'metric':34} {'last':>12}   {'worst':>12} (step)")
-    for key, end in _TABLE:
-        worst = _worst(records, key, end)
+    for key, end in TABLE:
+        worst = worst_value(records, key, end)
         worst_text = f"{worst[0]:>12.5g} ({worst[1]})" if worst else f"{'-':>12}"
         lines.append(f"  {key:34} {_fmt(_value(last, key)):>12}   {worst_text}")
     signs = first_signs(records)

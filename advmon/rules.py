@@ -250,7 +250,11 @@ def _go_quantile(q: float, values: Sequence[float]) -> float:
     """Prometheus's ``quantile``: NaN sorts first, linear interpolation, NaN propagates."""
     if not values:
         return math.nan
-    ordered = sorted(values, key=lambda v: (not math.isnan(v), v))
+    total = sum(values)
+    if total == total:  # no NaN (a NaN, or +Inf with -Inf, makes the sum NaN): a plain sort
+        ordered = sorted(values)
+    else:
+        ordered = sorted(values, key=lambda v: (v == v, v))
     rank = q * (len(ordered) - 1)
     lower = max(0, math.floor(rank))
     upper = min(len(ordered) - 1, lower + 1)
@@ -267,9 +271,48 @@ def _div(a: float, b: float) -> float:
     return a / b
 
 
+class Window(list):
+    """A run's recent records (oldest first), with the columns the trailing medians read.
+
+    Several rules read the same median of the same record, and a long recorded
+    run (100k steps) is evaluated record by record: ``columns`` (kept by the
+    evaluator across records) holds each key's recent values, so a median costs
+    one sort of ``trailing_records`` numbers.
+    """
+
+    def __init__(self, records: Sequence[RecordLike], columns: dict[str, Any] | None = None) -> None:
+        super().__init__(records)
+        self.columns = columns if columns is not None else {}
+        self._medians: dict[tuple[str, int], tuple[float, int]] = {}
+
+    def keys_with(self, prefix: str) -> list[str]:
+        """The newest record's keys that start with ``prefix`` (cached while the key set keeps its size)."""
+        metrics = self[-1].metrics
+        cache_key = ("keys", prefix, len(metrics))
+        keys = self.columns.get(cache_key)
+        if keys is None or any(k not in metrics for k in keys):
+            keys = self.columns[cache_key] = [k for k in metrics if k.startswith(prefix)]
+        return keys
+
+    def trailing(self, key: str, records: int) -> tuple[float, int]:
+        cached = self._medians.get((key, records))
+        if cached is None:
+            column = self.columns.get(key)
+            if column is None or len(column) != len(self):
+                from collections import deque
+
+                column = self.columns[key] = deque((_get(r, key) for r in self), maxlen=max(len(self), records))
+            recent = list(column)[-records:]
+            cached = self._medians[(key, records)] = (_go_quantile(0.5, recent), len(recent))
+        return cached
+
+
 def _trailing(window: Sequence[RecordLike], key: str, thresholds: Thresholds) -> tuple[float, int]:
     """Median of ``key`` over the trailing window (current record included) and its sample count."""
-    recent = window[-thresholds.records("trailing_records") :]
+    records = thresholds.records("trailing_records")
+    if isinstance(window, Window):
+        return window.trailing(key, records)
+    recent = window[-records:]
     return _go_quantile(0.5, [_get(r, key) for r in recent]), len(recent)
 
 
@@ -289,8 +332,10 @@ def _counter_increase(window: Sequence[RecordLike], prefix: str) -> list[Finding
     current = window[-1]
     previous = window[-2] if len(window) > 1 else None
     findings = []
-    for key, value in current.metrics.items():
-        if not key.startswith(prefix) or value is None or math.isnan(value):
+    keys = window.keys_with(prefix) if isinstance(window, Window) else [k for k in current.metrics if k.startswith(prefix)]
+    for key in keys:
+        value = current.metrics[key]
+        if value is None or math.isnan(value):
             continue
         before = _get(previous, key) if previous is not None else 0.0
         increase = value - (0.0 if math.isnan(before) else before)

@@ -154,7 +154,7 @@ def test_thresholds_reach_the_in_process_rules():
 
 def test_wandb_alert_lands_in_the_offline_run_file(tmp_path, monkeypatch):
     from tests.test_wandb import run_file
-    from tests.wandb_file import read_records
+    from advmon.runs.wandb_file import read_records
 
     wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")

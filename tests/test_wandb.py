@@ -12,7 +12,7 @@ from advmon.sinks.wandb import WandbSink
 
 from .estimators import GRPOLikeEstimator
 from .test_monitor import grpo_batch
-from .wandb_file import history_rows, metric_definitions, summaries
+from advmon.runs.wandb_file import history_rows, metric_definitions, summaries
 
 pytestmark = pytest.mark.integration
 

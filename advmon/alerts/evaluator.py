@@ -19,12 +19,13 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from advmon.rules import CATALOG, RecordLike, Rule, Thresholds
+from advmon.rules import CATALOG, RecordLike, Rule, Thresholds, Window
 
 __all__ = ["AlertEvaluator", "AlertEvent", "Occurrence", "evaluate_records"]
 
@@ -83,7 +84,9 @@ class _SeriesState:
 @dataclass
 class _RunState:
     window: deque[RecordLike]
-    series: dict[tuple[str, tuple[tuple[str, str], ...]], _SeriesState] = field(default_factory=dict)
+    # rule name -> labels -> state
+    series: dict[str, dict[tuple[tuple[str, str], ...], _SeriesState]] = field(default_factory=dict)
+    columns: dict[str, deque[float]] = field(default_factory=dict)  # key -> recent values, for medians
 
 
 class AlertEvaluator:
@@ -108,23 +111,30 @@ class AlertEvaluator:
         if state is None:
             state = self._runs[record.run] = _RunState(deque(maxlen=self._depth))
         state.window.append(record)
+        for key, column in state.columns.items():
+            if isinstance(key, str):  # (the window also caches key lists there)
+                column.append(_value(record, key))
+        window = Window(state.window, state.columns)  # one copy per record, shared by every rule
         events: list[AlertEvent] = []
         for rule in self.rules:
-            events.extend(self._apply(rule, state, record))
+            events.extend(self._apply(rule, state, record, window))
         return events
 
     def firing(self) -> list[AlertEvent]:
         """The firing events of alerts still active."""
-        return [s.firing for run in self._runs.values() for s in run.series.values() if s.firing is not None]
+        return [s.firing for run in self._runs.values() for by_labels in run.series.values()
+                for s in by_labels.values() if s.firing is not None]
 
-    def _apply(self, rule: Rule, state: _RunState, record: RecordLike) -> list[AlertEvent]:
-        findings = rule.evaluate(list(state.window), self.thresholds)  # type: ignore[misc]
+    def _apply(self, rule: Rule, state: _RunState, record: RecordLike, window: Window) -> list[AlertEvent]:
+        findings = rule.evaluate(window, self.thresholds)  # type: ignore[misc]
         events = []
         seen = set()
+        mine = state.series.setdefault(rule.name, {})
         for finding in findings:
-            key = (rule.name, finding.labels)
-            seen.add(key)
-            series = state.series.setdefault(key, _SeriesState())
+            seen.add(finding.labels)
+            series = mine.get(finding.labels)
+            if series is None:
+                series = mine[finding.labels] = _SeriesState()
             if finding.active:
                 series.held += 1
                 if series.firing is None and series.held >= rule.for_records:
@@ -133,10 +143,11 @@ class AlertEvaluator:
             else:
                 series.held = 0
                 events.extend(self._resolve(series, record))
-        for key, series in state.series.items():
-            if key[0] == rule.name and key not in seen:  # the series is gone: Prometheus resolves it
-                series.held = 0
-                events.extend(self._resolve(series, record))
+        if len(mine) > len(seen):
+            for labels, series in mine.items():
+                if labels not in seen:  # the series is gone: Prometheus resolves it
+                    series.held = 0
+                    events.extend(self._resolve(series, record))
         return events
 
     def _resolve(self, series: _SeriesState, record: RecordLike) -> list[AlertEvent]:
@@ -154,6 +165,11 @@ class AlertEvaluator:
                labels: tuple[tuple[str, str], ...]) -> AlertEvent:
         description = rule.render_description(record.run, value, record.step, dict(labels), self.thresholds)
         return AlertEvent(kind, rule.name, rule.severity, record.run, record.step, value, labels, rule.summary, description)
+
+
+def _value(record: RecordLike, key: str) -> float:
+    value = record.metrics.get(key)
+    return math.nan if value is None else float(value)
 
 
 def evaluate_records(records: Iterable[RecordLike], thresholds: Thresholds | None = None) -> list[Occurrence]:

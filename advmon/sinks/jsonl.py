@@ -67,7 +67,7 @@ class JsonlSink(Sink):
         return f"JsonlSink({str(self.path)!r})"
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> list[Record]:
+def read_jsonl(path: str | os.PathLike[str], progress_label: str | None = None) -> list[Record]:
     """Read back the records of a JSONL file written by :class:`JsonlSink`.
 
     A last line cut short (the process died while writing it) is skipped with a
@@ -82,7 +82,14 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Record]:
         raise AdvmonConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     lines = text.split("\n")
     records = []
+    progress = None
+    if progress_label is not None:
+        from advmon.progress import Progress
+
+        progress = Progress(progress_label, total=len(lines))
     for number, line in enumerate(lines, start=1):
+        if progress is not None and number % 5000 == 0:
+            progress.advance(5000)
         if not line.strip():
             continue
         try:
@@ -93,4 +100,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Record]:
                 continue
             detail = exc.msg if isinstance(exc, json.JSONDecodeError) else f"{type(exc).__name__}: {exc}"
             raise AdvmonConfigError(f"{path}:{number}: not an advmon record ({detail})") from None
+    if progress is not None:
+        progress.advance(len(lines))
+        progress.__exit__(None, None, None)
     return records

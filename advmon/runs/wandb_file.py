@@ -1,5 +1,8 @@
 """Read a W&B ``.wandb`` transaction log back (the Python reader left W&B in 0.2x).
 
+Used by ``advmon report``/``compare`` to read an offline run directory, and by
+the tests to check what the W&B sink wrote.
+
 Format: a 7-byte header (``:W&B``, magic 0xBEE1 little-endian, version 0), then
 LevelDB-log records in 32 KiB blocks: header crc32 (u32, over the type byte and
 the payload), length (u16), type (u8: FULL=1, FIRST=2, MIDDLE=3, LAST=4); each
@@ -17,13 +20,23 @@ BLOCK = 32 * 1024
 HEADER = 7
 
 
+class WandbFileError(ValueError):
+    """The file is not a W&B transaction log, or it is damaged."""
+
+
 def read_records(path: Path) -> list:
+    """Every ``wandb_internal_pb2.Record`` of a ``.wandb`` file, in order.
+
+    A record cut short at the end (a run still writing, or killed) is left out.
+    """
     from wandb.proto import wandb_internal_pb2
 
     data = Path(path).read_bytes()
-    assert data[:4] == b":W&B", data[:7]
+    if data[:4] != b":W&B" or len(data) < HEADER:
+        raise WandbFileError(f"{path} is not a W&B run file (it does not start with ':W&B')")
     magic, version = struct.unpack("<HB", data[4:7])
-    assert (magic, version) == (0xBEE1, 0)
+    if (magic, version) != (0xBEE1, 0):
+        raise WandbFileError(f"{path}: unknown W&B file format (magic {magic:#x}, version {version})")
     payloads, pending, pos = [], b"", HEADER
     while pos + HEADER <= len(data):
         left_in_block = BLOCK - pos % BLOCK
@@ -35,7 +48,10 @@ def read_records(path: Path) -> list:
             pos += left_in_block
             continue
         chunk = data[pos + HEADER : pos + HEADER + length]
-        assert zlib.crc32(bytes([kind]) + chunk) == crc, f"bad checksum at byte {pos}"
+        if len(chunk) < length:
+            break  # the last record is still being written
+        if zlib.crc32(bytes([kind]) + chunk) != crc:
+            raise WandbFileError(f"{path}: bad checksum at byte {pos}")
         pos += HEADER + length
         if kind == 1:
             payloads.append(chunk)
@@ -48,7 +64,10 @@ def read_records(path: Path) -> list:
     records = []
     for payload in payloads:
         record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
+        try:
+            record.ParseFromString(payload)
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError, whatever its module
+            raise WandbFileError(f"{path}: a record does not parse ({exc})") from None
         records.append(record)
     return records
 

@@ -1,0 +1,284 @@
+"""``advmon compare``: do two runs of one recipe diverge, where, and in which statistic first?
+
+Method (``docs/compare.md``): the runs are aligned by step (the steps both
+recorded). For each statistic and each step ``t``, the values of the last
+``window`` common steps of run A are compared with those of run B by a
+Mann-Whitney rank test: ``z`` measures how far A's values sit above or below B's
+*relative to the spread both runs show inside that window*, so each run's own
+step-to-step noise sets the bar, and a slow trend both runs share cancels out.
+Ranks make one huge value (an |A| of 7,000 among values near 1) count as one
+value, not as a scale change. A statistic diverges where ``|z| >= z_threshold``
+holds for ``persistence`` consecutive steps; its first divergence is the first
+step of that stretch. The runs diverge when any statistic does.
+
+With ``window=20`` the largest possible ``|z|`` is 5.4 (the two windows fully
+separated); the default threshold 4.0 (two-sided p ~ 6e-5) needs an almost full
+separation, kept for 3 steps.
+
+Example:
+    >>> import numpy as np
+    >>> a = np.zeros(40); b = np.concatenate([np.zeros(20), np.ones(20)])
+    >>> a[::2] += 0.01; b[1::2] += 0.01   # a little noise in both
+    >>> z = rolling_rank_z(a, b, window=10)
+    >>> int(np.argmax(np.abs(z) >= 3.5))   # the first window end with strong evidence, 8 steps after the shift
+    28
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from advmon.progress import Progress
+from advmon.runs import Run, RunSourceError
+
+__all__ = ["COMPARED_KEYS", "Comparison", "StatisticVerdict", "compare_runs", "rolling_rank_z", "write_comparison_html"]
+
+#: The statistics compared, in the order they are reported.
+COMPARED_KEYS = (
+    "advantages/post_norm/mean",
+    "advantages/post_norm/std",
+    "advantages/post_norm/abs_mean",
+    "advantages/post_norm/min",
+    "advantages/post_norm/max",
+    "advantages/post_norm/p01",
+    "advantages/post_norm/p50",
+    "advantages/post_norm/p99",
+    "advantages/post_norm/nan_count",
+    "advantages/pre_norm/mean",
+    "advantages/pre_norm/std",
+    "groups/zero_std_fraction",
+    "groups/all_low_fraction",
+    "groups/all_high_fraction",
+    "rewards/mean",
+    "rewards/std",
+    "rewards/nan_count",
+)
+_CHUNK = 8192
+
+
+def rolling_rank_z(a: np.ndarray, b: np.ndarray, window: int) -> np.ndarray:
+    """Mann-Whitney ``z`` of A's last ``window`` values against B's, at every step (``nan`` before a full window).
+
+    NaN values are left out of their window; a window with fewer than
+    ``window // 2`` values on either side gives ``nan``. Ties count one half.
+    """
+    n = len(a)
+    z = np.full(n, np.nan)
+    if n < window:
+        return z
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    windows_a, windows_b = sliding_window_view(a, window), sliding_window_view(b, window)
+    for start in range(0, len(windows_a), _CHUNK):
+        wa, wb = windows_a[start : start + _CHUNK], windows_b[start : start + _CHUNK]
+        valid_a, valid_b = np.isfinite(wa), np.isfinite(wb)
+        left, right = wa[:, :, None], wb[:, None, :]
+        pairs = valid_a[:, :, None] & valid_b[:, None, :]
+        greater = ((left > right) & pairs).sum(axis=(1, 2))
+        ties = ((left == right) & pairs).sum(axis=(1, 2))
+        n1, n2 = valid_a.sum(axis=1).astype(np.float64), valid_b.sum(axis=1).astype(np.float64)
+        u = greater + 0.5 * ties
+        with np.errstate(invalid="ignore", divide="ignore"):
+            sigma = np.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
+            scores = (u - n1 * n2 / 2.0) / sigma
+        enough = (n1 >= window // 2) & (n2 >= window // 2)
+        z[start + window - 1 : start + window - 1 + len(wa)] = np.where(enough, scores, np.nan)
+    return z
+
+
+@dataclass
+class StatisticVerdict:
+    """One statistic: whether and where it diverged, and how strongly."""
+
+    key: str
+    diverged: bool
+    first_step: int | None
+    max_abs_z: float
+    mean_a: float  # over the whole common range
+    mean_b: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "statistic": self.key,
+            "diverged": self.diverged,
+            "first_step": self.first_step,
+            "max_abs_z": _json_number(self.max_abs_z),
+            "mean_a": _json_number(self.mean_a),
+            "mean_b": _json_number(self.mean_b),
+        }
+
+
+def _json_number(value: float) -> float | None:
+    return round(float(value), 6) if math.isfinite(value) else None
+
+
+@dataclass
+class Comparison:
+    run_a: Run
+    run_b: Run
+    steps: np.ndarray
+    statistics: list[StatisticVerdict]
+    window: int
+    z_threshold: float
+    persistence: int
+    series: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+
+    @property
+    def diverged(self) -> bool:
+        return any(s.diverged for s in self.statistics)
+
+    @property
+    def first_divergence(self) -> int | None:
+        steps = [s.first_step for s in self.statistics if s.first_step is not None]
+        return min(steps) if steps else None
+
+    def diverged_in_order(self) -> list[StatisticVerdict]:
+        return sorted((s for s in self.statistics if s.diverged), key=lambda s: (s.first_step, -s.max_abs_z))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": "diverged" if self.diverged else "equivalent",
+            "first_divergence_step": self.first_divergence,
+            "first_statistics": [s.key for s in self.diverged_in_order() if s.first_step == self.first_divergence],
+            "run_a": {"name": self.run_a.name, "source": self.run_a.source},
+            "run_b": {"name": self.run_b.name, "source": self.run_b.source},
+            "common_steps": int(len(self.steps)),
+            "method": {"test": "rolling Mann-Whitney z over aligned steps", "window": self.window,
+                       "z_threshold": self.z_threshold, "persistence": self.persistence},
+            "statistics": [s.to_dict() for s in self.statistics],
+        }
+
+    def to_text(self) -> str:
+        a, b = self.run_a, self.run_b
+        lines = [
+            f"compare {a.name} ({a.source}) with {b.name} ({b.source}): {len(self.steps)} common steps "
+            f"({int(self.steps[0])}-{int(self.steps[-1])}), windows of {self.window}, |z| >= {self.z_threshold:g} "
+            f"for {self.persistence} steps"
+        ]
+        if self.diverged:
+            first = [s for s in self.diverged_in_order() if s.first_step == self.first_divergence]
+            lines.append(f"diverged: first divergence at step {self.first_divergence} "
+                         f"({', '.join(s.key for s in first)})")
+        else:
+            strongest = max(self.statistics, key=lambda s: s.max_abs_z if math.isfinite(s.max_abs_z) else -1, default=None)
+            detail = f"; largest |z| {strongest.max_abs_z:.2f} on {strongest.key}" if strongest else ""
+            lines.append(f"equivalent: no statistic diverged beyond the runs' own noise{detail}")
+        lines.append(f"  {'statistic':32} {'verdict':10} {'first step':>10} {'max |z|':>8} {'mean A':>12} {'mean B':>12}")
+        ordered = self.diverged_in_order() + [s for s in self.statistics if not s.diverged]
+        for s in ordered:
+            verdict = "DIVERGED" if s.diverged else "same"
+            first = "-" if s.first_step is None else str(s.first_step)
+            lines.append(f"  {s.key:32} {verdict:10} {first:>10} {_fmt(s.max_abs_z):>8} {_fmt(s.mean_a):>12} {_fmt(s.mean_b):>12}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def _fmt(value: float) -> str:
+    return "-" if not math.isfinite(value) else f"{value:.4g}"
+
+
+def _aligned(run_a: Run, run_b: Run) -> tuple[np.ndarray, dict[int, Any], dict[int, Any]]:
+    by_step_a = {r.step: r for r in run_a.records}
+    by_step_b = {r.step: r for r in run_b.records}
+    common = np.array(sorted(set(by_step_a) & set(by_step_b)), dtype=np.int64)
+    if common.size == 0:
+        raise RunSourceError(f"runs {run_a.name} and {run_b.name} have no step in common")
+    return common, by_step_a, by_step_b
+
+
+def compare_runs(run_a: Run, run_b: Run, window: int = 20, z_threshold: float = 4.0, persistence: int = 3) -> Comparison:
+    """Compare two runs statistic by statistic (see the module doc for the method)."""
+    if window < 4 or persistence < 1 or not z_threshold > 0:
+        raise RunSourceError(f"window must be >= 4, persistence >= 1 and z > 0 (got {window}, {persistence}, {z_threshold})")
+    steps, by_a, by_b = _aligned(run_a, run_b)
+    if len(steps) < window:
+        raise RunSourceError(f"runs {run_a.name} and {run_b.name} share {len(steps)} steps; a window needs {window}")
+    verdicts, series = [], {}
+    with Progress(f"compare {run_a.name} {run_b.name}", total=len(COMPARED_KEYS)) as progress:
+        for key in COMPARED_KEYS:
+            a = np.array([_value(by_a[s], key) for s in steps])
+            b = np.array([_value(by_b[s], key) for s in steps])
+            progress.advance()
+            if not (np.isfinite(a).any() and np.isfinite(b).any()):
+                continue  # a statistic neither run (or only one) has
+            z = rolling_rank_z(a, b, window)
+            first = _first_persistent(np.abs(z) >= z_threshold, persistence)
+            with np.errstate(all="ignore"):
+                max_z = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else math.nan
+            verdicts.append(StatisticVerdict(key, first is not None, None if first is None else int(steps[first]),
+                                             max_z, _mean(a), _mean(b)))
+            series[key] = (steps, a, b)
+    return Comparison(run_a, run_b, steps, verdicts, window, z_threshold, persistence, series)
+
+
+def _value(record: Any, key: str) -> float:
+    value = record.metrics.get(key)
+    return math.nan if value is None else float(value)
+
+
+def _mean(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else math.nan
+
+
+def _first_persistent(flags: np.ndarray, persistence: int) -> int | None:
+    """Index of the first of ``persistence`` consecutive True values."""
+    run = 0
+    for index, flag in enumerate(flags):
+        run = run + 1 if flag else 0
+        if run >= persistence:
+            return index - persistence + 1
+    return None
+
+
+def write_comparison_html(comparison: Comparison, out: Path) -> Path:
+    """Overlay plots of every compared statistic, with the first divergence marked; self-contained HTML."""
+    import html
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from advmon.plots import figure_to_svg
+
+    a, b = comparison.run_a.name, comparison.run_b.name
+    figures = []
+    for verdict in comparison.diverged_in_order() + [s for s in comparison.statistics if not s.diverged]:
+        steps, va, vb = comparison.series[verdict.key]
+        figure, axes = plt.subplots(figsize=(7.5, 3.0), dpi=100)
+        axes.plot(steps, va, linewidth=1, label=f"A: {a}")
+        axes.plot(steps, vb, linewidth=1, label=f"B: {b}")
+        if verdict.first_step is not None:
+            axes.axvline(verdict.first_step, color="black", linestyle="--", linewidth=1, label="first divergence")
+        state = f"diverged from step {verdict.first_step}" if verdict.diverged else "same"
+        axes.set_title(f"{verdict.key}: {state} (max |z| {_fmt(verdict.max_abs_z)})", fontsize=10, loc="left")
+        axes.set_xlabel("step", fontsize=8)
+        axes.tick_params(labelsize=8)
+        axes.legend(fontsize=7)
+        figures.append(f"<figure class='plot'>{figure_to_svg(figure)}</figure>")
+        plt.close(figure)
+    verdict = (f"<p class='bad'>Diverged: first divergence at step {comparison.first_divergence}.</p>"
+               if comparison.diverged else "<p class='ok'>Equivalent: no statistic diverged beyond the runs' own noise.</p>")
+    table = html.escape(comparison.to_text())
+    page = (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>advmon compare: {html.escape(a)} vs {html.escape(b)}</title><style>"
+        "body{font-family:Helvetica,Arial,sans-serif;margin:24px}.ok{color:#2a7a2a;font-weight:600}"
+        ".bad{color:#b00020;font-weight:600}.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:14px}"
+        ".plot svg{width:100%;height:auto}pre{font-size:12px}</style></head><body>\n"
+        f"<h1>advmon compare: {html.escape(a)} vs {html.escape(b)}</h1>\n{verdict}\n<pre>{table}</pre>\n"
+        f"<div class='plots'>{''.join(figures)}</div>\n</body></html>\n"
+    )
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out

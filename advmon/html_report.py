@@ -1,0 +1,178 @@
+"""``advmon report``: one self-contained HTML page (or one PNG) about a recorded run.
+
+The page opens offline: styles inline, plots inline SVG, no script, no CDN. It
+holds the run's header (steps, estimator, time span), the plots of
+:data:`advmon.plots.PANELS` with the spans where the alert catalog fired, a table
+of the alerts with their first and last step and runbook links, and the
+last/worst table of ``advmon summary``.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from advmon.alerts.evaluator import Occurrence, evaluate_records
+from advmon.plots import PANELS, draw_panel, figure_to_svg
+from advmon.progress import Progress
+from advmon.rules import Thresholds, rule_named
+from advmon.runs import Run
+
+__all__ = ["AlertRow", "alert_rows", "write_png", "write_report"]
+
+
+@dataclass(frozen=True)
+class AlertRow:
+    """One alert of a run: how often it fired, from which step to which."""
+
+    alert: str
+    severity: str
+    occurrences: int
+    first_step: int
+    last_step: int | None  # None: still firing at the end
+    worst_value: float
+
+
+def alert_rows(occurrences: Sequence[Occurrence]) -> list[AlertRow]:
+    rows: dict[str, AlertRow] = {}
+    for o in occurrences:
+        last = o.resolved_step
+        known = rows.get(o.alert)
+        if known is None:
+            rows[o.alert] = AlertRow(o.alert, o.severity, 1, o.fired_step, last, o.value)
+            continue
+        worst = max(known.worst_value, o.value, key=lambda v: abs(v) if math.isfinite(v) else -1)
+        still = known.last_step is None or last is None
+        rows[o.alert] = AlertRow(o.alert, o.severity, known.occurrences + 1, known.first_step,
+                                 None if still else max(known.last_step, last), worst)
+    order = {"critical": 0, "warning": 1, "info": 2}
+    return sorted(rows.values(), key=lambda r: (order.get(r.severity, 3), r.first_step))
+
+
+def _figures(run: Run, occurrences: Sequence[Occurrence], progress: Progress) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spans = [(o.fired_step, o.resolved_step, o.severity) for o in occurrences if o.severity != "info"]
+    svgs = []
+    for panel in PANELS:
+        figure, axes = plt.subplots(figsize=(7.5, 3.4), dpi=100)
+        draw_panel(axes, panel, [(run.name, run.records)], spans)
+        svgs.append(figure_to_svg(figure))
+        plt.close(figure)
+        progress.advance()
+    return svgs
+
+
+_STYLE = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px; color: #222; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; }
+.meta { color: #555; font-size: 14px; }
+table { border-collapse: collapse; font-size: 13px; margin-top: 8px; }
+th, td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.critical { color: #b00020; font-weight: 600; } .warning { color: #b35c00; font-weight: 600; } .info { color: #1f5fa0; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 16px; }
+.plot svg { width: 100%; height: auto; }
+.ok { color: #2a7a2a; font-weight: 600; }
+"""
+
+
+def _fmt(value: float) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.5g}"
+
+
+def _header(run: Run) -> str:
+    first, last = run.records[0], run.records[-1]
+    span = last.time - first.time
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(first.time)) if first.time > 0 else "unknown"
+    return (
+        f"<h1>advmon report: run {html.escape(run.name)}</h1>"
+        f"<p class='meta'>{len(run.records)} records, steps {first.step}&ndash;{last.step}; "
+        f"estimator <code>{html.escape(run.estimator)}</code>; started {when}, spanning {span / 60:.1f} min; "
+        f"source <code>{html.escape(run.source)}</code></p>"
+    )
+
+
+def _alerts_table(rows: Sequence[AlertRow], runbook_base: str) -> str:
+    if not rows:
+        return "<p class='ok'>No alert of the catalog fired on this run.</p>"
+    lines = ["<table><tr><th>alert</th><th>severity</th><th>fired</th><th>first step</th><th>last step</th>"
+             "<th>worst value</th><th>summary</th><th>runbook</th></tr>"]
+    for row in rows:
+        rule = rule_named(row.alert)
+        last = "still firing" if row.last_step is None else str(row.last_step)
+        link = f"{runbook_base}#{rule.runbook_anchor}"
+        lines.append(
+            f"<tr><td>{row.alert}</td><td class='{row.severity}'>{row.severity}</td><td class='num'>{row.occurrences}x</td>"
+            f"<td class='num'>{row.first_step}</td><td class='num'>{last}</td><td class='num'>{_fmt(row.worst_value)}</td>"
+            f"<td>{html.escape(rule.summary)}</td><td><a href='{html.escape(link)}'>runbook</a></td></tr>"
+        )
+    lines.append("</table>")
+    return "\n".join(lines)
+
+
+def _summary_table(run: Run) -> str:
+    from advmon.report import TABLE, worst_value
+
+    last = run.records[-1]
+    lines = ["<table><tr><th>metric</th><th>last</th><th>worst</th><th>at step</th></tr>"]
+    for key, end in TABLE:
+        worst = worst_value(run.records, key, end)
+        value, step = worst if worst else (math.nan, "-")
+        lines.append(f"<tr><td><code>{key}</code></td><td class='num'>{_fmt(last.metrics.get(key, math.nan))}</td>"
+                     f"<td class='num'>{_fmt(value)}</td><td class='num'>{step}</td></tr>")
+    lines.append("</table>")
+    return "\n".join(lines)
+
+
+def write_report(run: Run, out: Path, thresholds: Thresholds | None = None, runbook_base: str = "docs/runbooks.md") -> Path:
+    """Write the HTML report of ``run`` to ``out``."""
+    with Progress(f"report {run.name}", total=len(PANELS) + 1) as progress:
+        occurrences = evaluate_records(run.records, thresholds)
+        progress.advance()
+        svgs = _figures(run, occurrences, progress)
+    plots = "\n".join(f"<figure class='plot'>{svg}</figure>" for svg in svgs)
+    page = (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>advmon report: {html.escape(run.name)}</title><style>{_STYLE}</style></head><body>\n"
+        f"{_header(run)}\n<h2>Alerts</h2>\n{_alerts_table(alert_rows(occurrences), runbook_base)}\n"
+        "<p class='meta'>Shaded spans on the plots: where a critical (red) or warning (orange) alert was firing.</p>\n"
+        f"<h2>Over steps</h2>\n<div class='plots'>\n{plots}\n</div>\n"
+        f"<h2>Last and worst values</h2>\n{_summary_table(run)}\n</body></html>\n"
+    )
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+def write_png(run: Run, out: Path, thresholds: Thresholds | None = None) -> Path:
+    """One overview image of the run (the plots in a 3 x 2 grid, alerts in the title), for a chat or an issue."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    occurrences = evaluate_records(run.records, thresholds)
+    rows = alert_rows(occurrences)
+    spans = [(o.fired_step, o.resolved_step, o.severity) for o in occurrences if o.severity != "info"]
+    figure, grid = plt.subplots(3, 2, figsize=(15, 11), dpi=90)
+    for axes, panel in zip(grid.flat, PANELS):
+        draw_panel(axes, panel, [(run.name, run.records)], spans)
+    fired = "\n".join(f"{r.alert} ({r.severity}) from step {r.first_step}" for r in rows[:3]) or "no alerts"
+    more = f" (+{len(rows) - 3} more)" if len(rows) > 3 else ""
+    figure.suptitle(f"advmon: run {run.name}, steps {run.steps[0]}-{run.steps[-1]}{more}\n{fired}", fontsize=11,
+                    x=0.01, ha="left", va="top", y=0.995)
+    figure.tight_layout(rect=(0, 0, 1, 0.93))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out)
+    plt.close(figure)
+    return out

@@ -1,0 +1,176 @@
+"""Matplotlib figures of recorded runs, for ``advmon report`` and ``advmon compare``.
+
+Plots are drawn over steps; a long run is reduced to at most ``MAX_POINTS``
+buckets per line (the mean of a bucket for means, its min/max for extremes), so a
+100k-step run draws as fast and as small as a short one. Alerts are marked as
+shaded spans (critical red, warning orange, info blue).
+
+Example:
+    >>> from advmon.record import Record
+    >>> records = [Record("r", s, 0.0, "e", None, {"rewards/mean": s / 10}) for s in range(5)]
+    >>> steps, values = series(records, "rewards/mean")
+    >>> steps.tolist(), values.tolist()
+    ([0.0, 1.0, 2.0, 3.0, 4.0], [0.0, 0.1, 0.2, 0.3, 0.4])
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MAX_POINTS", "PANELS", "Panel", "draw_panel", "figure_to_svg", "series"]
+
+MAX_POINTS = 2000
+SEVERITY_COLORS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
+
+
+def series(records: Sequence[Any], key: str, reduce: str = "mean") -> tuple[np.ndarray, np.ndarray]:
+    """Steps and values of ``key`` (``nan`` where missing), reduced to at most ``MAX_POINTS`` buckets."""
+    steps = np.array([r.step for r in records], dtype=np.float64)
+    values = np.array([_number(r.metrics.get(key)) for r in records], dtype=np.float64)
+    if len(steps) <= MAX_POINTS:
+        return steps, values
+    edges = np.linspace(0, len(steps), MAX_POINTS + 1).astype(int)
+    bucket_steps = np.array([steps[a:b].mean() for a, b in zip(edges[:-1], edges[1:])])
+    pick: Callable[[np.ndarray], float] = {"mean": np.nanmean, "min": np.nanmin, "max": np.nanmax}[reduce]
+    with np.errstate(all="ignore"), _quiet():
+        bucket_values = np.array([pick(values[a:b]) if np.isfinite(values[a:b]).any() else np.nan
+                                  for a, b in zip(edges[:-1], edges[1:])])
+    return bucket_steps, bucket_values
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+class _quiet:
+    def __enter__(self):
+        import warnings
+
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        self._catch.__exit__(*exc)
+
+
+@dataclass(frozen=True)
+class Line:
+    key: str
+    label: str
+    reduce: str = "mean"
+    style: str = "-"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One plot: lines, an optional band (``mean ± std`` or ``p10..p90``), a y label."""
+
+    title: str
+    lines: Sequence[Line]
+    band: tuple[str, str] | None = None  # (center key, std key) -> mean ± std
+    band_keys: tuple[str, str] | None = None  # (low key, high key)
+    ylabel: str = ""
+    percent: bool = False
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("Post-norm advantages: mean ± std, min, max",
+          [Line("advantages/post_norm/mean", "mean"), Line("advantages/post_norm/min", "min", "min", ":"),
+           Line("advantages/post_norm/max", "max", "max", ":")],
+          band=("advantages/post_norm/mean", "advantages/post_norm/std")),
+    Panel("Post-norm advantages: percentiles",
+          [Line("advantages/post_norm/p01", "p1", style=":"), Line("advantages/post_norm/p50", "p50"),
+           Line("advantages/post_norm/p99", "p99", style=":")],
+          band_keys=("advantages/post_norm/p10", "advantages/post_norm/p90")),
+    Panel("Pre-norm advantages: mean ± std, min, max",
+          [Line("advantages/pre_norm/mean", "mean"), Line("advantages/pre_norm/min", "min", "min", ":"),
+           Line("advantages/pre_norm/max", "max", "max", ":")],
+          band=("advantages/pre_norm/mean", "advantages/pre_norm/std")),
+    Panel("Groups: zero-std, all-fail, all-pass",
+          [Line("groups/zero_std_fraction", "zero-std"), Line("groups/all_low_fraction", "all fail", style="--"),
+           Line("groups/all_high_fraction", "all pass", style="--")],
+          percent=True),
+    Panel("Rewards: mean ± std, min, max",
+          [Line("rewards/mean", "mean"), Line("rewards/min", "min", "min", ":"), Line("rewards/max", "max", "max", ":")],
+          band=("rewards/mean", "rewards/std")),
+    Panel("Non-finite values per step",
+          [Line("rewards/nan_count", "reward NaN", "max"), Line("rewards/inf_count", "reward Inf", "max"),
+           Line("advantages/post_norm/nan_count", "post-norm NaN", "max"),
+           Line("advantages/post_norm/inf_count", "post-norm Inf", "max")]),
+)
+
+
+def draw_panel(axes: Any, panel: Panel, runs: Sequence[tuple[str, Sequence[Any]]],
+               spans: Sequence[tuple[int, int | None, str]] = (), marker: int | None = None) -> bool:
+    """Draw ``panel`` for one run or several (``[(label, records)]``); return whether anything had data."""
+    drawn = False
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    for index, (label, records) in enumerate(runs):
+        prefix = f"{label} " if len(runs) > 1 else ""
+        for line_index, line in enumerate(panel.lines):
+            steps, values = series(records, line.key, line.reduce)
+            if not np.isfinite(values).any():
+                continue
+            color = colors[index % len(colors)] if len(runs) > 1 else f"C{line_index}"
+            axes.plot(steps, values, line.style, color=color, linewidth=1.1, label=prefix + line.label)
+            drawn = True
+        band = _band(records, panel)
+        if band is not None:
+            steps, low, high = band
+            color = colors[index % len(colors)] if len(runs) > 1 else "C0"
+            axes.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
+    last_step = max((r.step for _, records in runs for r in records), default=0)
+    for fired, resolved, severity in spans:
+        axes.axvspan(fired, resolved if resolved is not None else last_step, color=SEVERITY_COLORS.get(severity, "grey"),
+                     alpha=0.12, linewidth=0)
+    if marker is not None:
+        axes.axvline(marker, color="black", linestyle="--", linewidth=1)
+    axes.set_title(panel.title, fontsize=10, loc="left")
+    axes.set_xlabel("step", fontsize=8)
+    axes.tick_params(labelsize=8)
+    if drawn:
+        _scale(axes)
+        axes.legend(fontsize=7, loc="best", ncol=2, framealpha=0.7)
+        if panel.percent:
+            axes.yaxis.set_major_formatter(__import__("matplotlib.ticker").ticker.PercentFormatter(1.0))
+    else:
+        axes.text(0.5, 0.5, "no data", ha="center", va="center", transform=axes.transAxes, color="grey")
+    return drawn
+
+
+def _band(records: Sequence[Any], panel: Panel) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    if panel.band is not None:
+        steps, center = series(records, panel.band[0])
+        _, spread = series(records, panel.band[1])
+        low, high = center - spread, center + spread
+    elif panel.band_keys is not None:
+        steps, low = series(records, panel.band_keys[0])
+        _, high = series(records, panel.band_keys[1])
+    else:
+        return None
+    if not (np.isfinite(low).any() and np.isfinite(high).any()):
+        return None
+    return steps, low, high
+
+
+def _scale(axes: Any) -> None:
+    """Symmetric-log y when a few values dwarf the rest (|A| in the thousands next to unit-scale data)."""
+    values = np.concatenate([np.asarray(line.get_ydata(), dtype=np.float64) for line in axes.get_lines()])
+    finite = np.abs(values[np.isfinite(values)])
+    if finite.size and finite.max() > 100 * max(np.percentile(finite, 90), 1e-12):
+        axes.set_yscale("symlog", linthresh=max(np.percentile(finite, 90), finite.max() * 1e-3))
+
+
+def figure_to_svg(figure: Any) -> str:
+    """The figure as inline SVG text (no XML header), for a self-contained HTML page."""
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight")
+    text = buffer.getvalue()
+    return text[text.index("<svg"):]

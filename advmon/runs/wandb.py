@@ -1,0 +1,57 @@
+"""An advmon run read back from a W&B offline run (what :class:`advmon.sinks.wandb.WandbSink` logged)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from advmon.record import Record
+from advmon.runs import ADVMON_PREFIXES, Run, RunSourceError
+
+__all__ = ["read_wandb_run"]
+
+STEP_KEY = "advmon/step"
+
+
+def read_wandb_run(path: Path) -> Run:
+    """Records of a W&B run directory or ``.wandb`` file: the rows that carry ``advmon/step``."""
+    from advmon.runs.wandb_file import WandbFileError, read_records
+
+    file = _run_file(Path(path))
+    try:
+        entries = read_records(file)
+    except ModuleNotFoundError:
+        raise RunSourceError("reading a W&B run needs wandb: pip install 'advmon[wandb]'") from None
+    except (WandbFileError, OSError) as exc:
+        raise RunSourceError(str(exc)) from None
+    name = file.stem.removeprefix("run-")
+    by_step: dict[int, tuple[float, dict[str, float]]] = {}
+    for entry in entries:
+        kind = entry.WhichOneof("record_type")
+        if kind == "run" and entry.run.display_name:
+            name = entry.run.display_name
+        if kind != "history":
+            continue
+        row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in entry.history.item}
+        if STEP_KEY not in row:
+            continue  # a row of the trainer's alone
+        metrics = {k: float(v) for k, v in row.items() if k.startswith(ADVMON_PREFIXES) and k != STEP_KEY
+                   and isinstance(v, (int, float))}
+        by_step[int(row[STEP_KEY])] = (float(row.get("_timestamp", 0.0)), metrics)
+    keys = sorted({k for _, metrics in by_step.values() for k in metrics})
+    records = [
+        Record(name, step, when, "", None, {k: metrics.get(k, math.nan) for k in keys})
+        for step, (when, metrics) in sorted(by_step.items())
+    ]
+    return Run(name, str(path), records)
+
+
+def _run_file(path: Path) -> Path:
+    if path.is_file():
+        return path
+    files = sorted(path.glob("run-*.wandb")) or sorted(path.glob("*/run-*.wandb"))
+    if len(files) != 1:
+        found = "no .wandb file" if not files else f"{len(files)} .wandb files"
+        raise RunSourceError(f"{path}: expected one W&B run (run-*.wandb), found {found}")
+    return files[0]

@@ -1,0 +1,223 @@
+"""Recorded runs from every source, `advmon report` seen through Chromium, `advmon compare` on pairs."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import advmon
+from advmon.cli import main
+from advmon.compare import compare_runs
+from advmon.runs import Run, read_run
+from advmon.simulation import RunSpec, simulate
+from advmon.sinks.jsonl import JsonlSink
+from tests.services import require_binary
+
+
+def write_jsonl(path: Path, records) -> Path:
+    sink = JsonlSink(path)
+    for record in records:
+        sink.write(record)
+    sink.close()
+    return path
+
+
+def same_records(a: Run, b: Run) -> None:
+    assert a.steps == b.steps
+    keys = set().union(*(r.metrics for r in a.records)) | set().union(*(r.metrics for r in b.records))
+    for ra, rb in zip(a.records, b.records):
+        for key in keys:
+            va, vb = ra.metrics.get(key, math.nan), rb.metrics.get(key, math.nan)
+            va = math.nan if not math.isfinite(va) else va  # W&B and MLflow store no NaN/Inf
+            vb = math.nan if not math.isfinite(vb) else vb
+            assert (math.isnan(va) and math.isnan(vb)) or va == vb, (ra.step, key, va, vb)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def test_jsonl_mlflow_and_wandb_give_the_same_records(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    wandb = pytest.importorskip("wandb")
+    from advmon.sinks.mlflow import MlflowSink
+    from advmon.sinks.wandb import WandbSink
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sinks = [JsonlSink(tmp_path / "r.jsonl"), MlflowSink(tracking_uri=store),
+             WandbSink(project="advmon-runs", join_active_run=False, dir=str(tmp_path))]
+    with advmon.Monitor("three-ways", sinks=sinks, reward_range=(0.0, 1.0)) as monitor:
+        for step, rewards in enumerate(([1.0, 0.0, 1.0, 1.0], [0.0, 0.0, float("nan"), 1.0], [1.0, 1.0, 1.0, 1.0])):
+            import torch
+
+            monitor.observe(rewards=torch.tensor(rewards), advantages=torch.tensor(rewards) - 0.5, group_size=2)
+    assert wandb.run is None
+    from_jsonl = read_run(tmp_path / "r.jsonl")
+    from_mlflow = read_run(f"mlflow+{store}#three-ways")
+    (wandb_dir,) = tmp_path.glob("wandb/offline-run-*")
+    from_wandb = read_run(wandb_dir)
+    assert from_jsonl.name == from_mlflow.name == from_wandb.name == "three-ways"
+    assert from_jsonl.steps == [0, 1, 2]
+    same_records(from_jsonl, from_mlflow)
+    same_records(from_jsonl, from_wandb)
+    assert from_jsonl.records[1].metrics["rewards/nan_count"] == 1.0
+    # The MLflow run id works as well as advmon's tag.
+    from mlflow.tracking import MlflowClient
+
+    (found,) = MlflowClient(store).search_runs(["0"])
+    same_records(from_jsonl, read_run(f"mlflow+{store}#{found.info.run_id}"))
+
+
+def test_a_file_with_several_runs_needs_one_named(tmp_path):
+    path = write_jsonl(tmp_path / "both.jsonl", simulate(RunSpec("grpo_binary", steps=3)) + simulate(RunSpec("ppo_whitened", steps=3)))
+    with pytest.raises(advmon.AdvmonConfigError, match="name one as"):
+        read_run(path)
+    assert read_run(f"{path}#ppo_whitened-s0").name == "ppo_whitened-s0"
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d / "missing.jsonl", "no such file"),
+        (lambda d: (d / "empty.jsonl").write_text("") and d / "empty.jsonl" or d / "empty.jsonl", "no records"),
+        (lambda d: (d / "bad.wandb").write_bytes(b"not a wandb file") and d / "bad.wandb", "not a W&B run file"),
+        (lambda d: (d / "garbage.jsonl").write_text("{]\n{}\n") and d / "garbage.jsonl", "not an advmon record"),
+    ],
+    ids=["missing", "empty", "unreadable-wandb", "garbage"],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, make, message):
+    source = str(make(tmp_path))
+    other = write_jsonl(tmp_path / "ok.jsonl", simulate(RunSpec("grpo_binary", steps=30)))
+    for argv in (["report", source, "--out", str(tmp_path / "r.html")], ["compare", source, str(other)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+
+
+def test_no_common_steps_is_bad_input(tmp_path, capsys):
+    a = write_jsonl(tmp_path / "a.jsonl", simulate(RunSpec("grpo_binary", steps=30)))
+    later = [r for r in simulate(RunSpec("grpo_binary", seed=1, steps=60)) if r.step >= 30]
+    b = write_jsonl(tmp_path / "b.jsonl", later)
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "no step in common" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- report
+
+
+PROBE = """
+<script>
+const found = [...document.querySelectorAll('figure.plot svg')].map(svg => {
+  const box = svg.getBoundingClientRect();
+  const style = getComputedStyle(svg);
+  return {width: box.width, height: box.height, visible: style.visibility !== 'hidden' && style.display !== 'none',
+          lines: svg.querySelectorAll('path').length, text: svg.textContent.slice(0, 60)};
+});
+const probe = document.createElement('pre'); probe.id = 'probe'; probe.textContent = JSON.stringify(found);
+document.body.appendChild(probe);
+</script>
+"""
+
+
+def chromium(*args: str) -> subprocess.CompletedProcess:
+    binary = require_binary("chromium")
+    return subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.integration
+def test_report_renders_in_chromium_with_visible_non_empty_plots(tmp_path):
+    source = write_jsonl(tmp_path / "tp2.jsonl", simulate(RunSpec("nan_rewards", seed=3, steps=60, onset=30)))
+    out = tmp_path / "report.html"
+    assert main(["report", str(source), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "<script" not in page and "http://" not in page.split("<body>")[0]  # self-contained: nothing to fetch
+    assert "AdvmonNonFiniteRewards" in page and "docs/runbooks.md#advmonnonfiniterewards" in page
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.replace("</body>", PROBE + "</body>"))
+    dom = chromium("--dump-dom", probed.as_uri()).stdout
+    plots = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    assert len(plots) == 6
+    for plot in plots:
+        assert plot["visible"] and plot["width"] > 300 and plot["height"] > 120, plot
+        assert plot["lines"] > 20, plot  # axes, ticks and data lines drawn
+    shot = tmp_path / "shot.png"
+    chromium("--window-size=1400,2400", f"--screenshot={shot}", out.as_uri())
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)[..., :3]
+    assert pixels.shape[0] >= 2000 and (pixels < 0.9).mean() > 0.02, "the page is (nearly) blank"
+
+
+def test_report_png_is_one_overview_image(tmp_path):
+    source = write_jsonl(tmp_path / "r.jsonl", simulate(RunSpec("zero_std_collapse", steps=50, onset=20)))
+    out = tmp_path / "r.png"
+    assert main(["report", str(source), "--format", "png", "--out", str(out)]) == 0
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(out)
+    assert pixels.shape[1] > 1000 and pixels[..., :3].std() > 0.05
+
+
+def test_a_long_run_reports_with_a_progress_bar(tmp_path, capfd):
+    base = simulate(RunSpec("grpo_binary", steps=50))
+    path = tmp_path / "long.jsonl"
+    with path.open("w") as f:
+        for step in range(100_000):
+            record = base[step % len(base)]
+            f.write(json.dumps({"run": "long", "step": step, "time": float(step), "estimator": "e",
+                                "pre_norm_source": "derived",
+                                "metrics": {k: (v if math.isfinite(v) else None) for k, v in record.metrics.items()}}) + "\n")
+    started = time.monotonic()
+    assert main(["report", str(path), "--out", str(tmp_path / "long.html")]) == 0
+    elapsed = time.monotonic() - started
+    err = capfd.readouterr().err
+    assert "%" in err and "done in" in err  # the bar, since it took more than a second
+    assert elapsed < 90
+    assert (tmp_path / "long.html").stat().st_size < 3_000_000  # long runs are drawn reduced, not point by point
+
+
+# --------------------------------------------------------------------------- compare
+
+
+@pytest.mark.parametrize("kind", ["grpo_binary", "grpo_graded_loo", "grpo_small_batch", "ppo_whitened"])
+def test_two_seeds_of_a_stable_recipe_are_equivalent(kind):
+    a = Run("a", "sim", simulate(RunSpec(kind, seed=11, steps=150)))
+    b = Run("b", "sim", simulate(RunSpec(kind, seed=12, steps=150)))
+    comparison = compare_runs(a, b)
+    assert not comparison.diverged, comparison.to_text()
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_a_zero_std_drift_from_step_60_is_flagged_within_40_steps(seed):
+    a = Run("a", "sim", simulate(RunSpec("grpo_binary", seed=seed, steps=150)))
+    b = Run("b", "sim", simulate(RunSpec("zero_std_collapse", seed=seed + 20, steps=150, onset=60)))
+    comparison = compare_runs(a, b)
+    assert comparison.diverged
+    assert 60 <= comparison.first_divergence <= 100, comparison.to_text()
+
+
+def test_demo_runs_diverge_text_json_and_html(tmp_path, capsys):
+    from advmon.demo import DemoConfig, simulate_run
+
+    config = DemoConfig(steps=60, out=tmp_path)
+    tp1, tp2 = simulate_run("tp1", config, False), simulate_run("tp2", config, True)
+    assert main(["compare", str(tp1), str(tp2), "--html", str(tmp_path / "cmp.html")]) == 1
+    text = capsys.readouterr().out
+    assert re.search(r"first divergence at step \d+", text)
+    assert main(["compare", str(tp1), str(tp2), "--format", "json"]) == 1
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["verdict"] == "diverged" and isinstance(verdict["first_divergence_step"], int)
+    assert verdict["first_statistics"] and all(
+        {"statistic", "diverged", "first_step", "max_abs_z"} <= set(s) for s in verdict["statistics"]
+    )
+    assert main(["compare", str(tp1), str(tp1)]) == 0
+    assert "equivalent" in capsys.readouterr().out
+    assert (tmp_path / "cmp.html").read_text().count("<svg") >= 10
