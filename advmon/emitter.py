@@ -84,14 +84,17 @@ class SinkWorker:
 
     def put(self, record: Record) -> None:
         """Queue a record; never blocks. A full queue drops its oldest record."""
+        self.make_room()
+        self.append(record)
+
+    def make_room(self) -> None:
+        """Drop the oldest record if the queue is full, so the next one fits (and count it now)."""
         dropped = False
         with self._condition:
             if len(self._queue) >= self.policy.capacity:
                 self._queue.popleft()
                 self.dropped += 1
                 dropped = True
-            self._queue.append(record)
-            self._condition.notify()
         if dropped:
             self._on_failure(
                 f"dropped:{self.name}",
@@ -99,6 +102,14 @@ class SinkWorker:
                 "the oldest are dropped for it (counted in advmon/dropped_records/"
                 f"{self.name}; the JSONL file keeps them for advmon replay)",
             )
+
+    def append(self, record: Record) -> None:
+        with self._condition:
+            if len(self._queue) >= self.policy.capacity:  # another sender filled it meanwhile
+                self._queue.popleft()
+                self.dropped += 1
+            self._queue.append(record)
+            self._condition.notify()
 
     def drain(self, timeout: float) -> int:
         """Wait until the queue is delivered or ``timeout`` passes; return what is left."""
@@ -184,6 +195,11 @@ class Delivery:
                 self.workers.append(SinkWorker(sink, name, policy, warn))
 
     def send(self, record: Record) -> None:
+        # Make room first, so the record carries the drops its own arrival causes.
+        for worker in self.workers:
+            worker.make_room()
+        if self.workers:
+            record.metrics.update({f"advmon/dropped_records/{w.name}": float(w.dropped) for w in self.workers})
         for sink, name in self._sync:
             try:
                 sink.write(record)
@@ -191,7 +207,7 @@ class Delivery:
                 self._sync_errors[name] += 1
                 self._warn(f"sink:{name}", f"sink {name} failed to write step {record.step}: {type(exc).__name__}: {exc}")
         for worker in self.workers:
-            worker.put(record)
+            worker.append(record)
 
     def counters(self) -> dict[str, float]:
         errors = dict(self._sync_errors)

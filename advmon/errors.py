@@ -12,7 +12,10 @@ monitor was created with ``strict=True``; they become one
 
 from __future__ import annotations
 
-__all__ = ["AdvmonError", "AdvmonConfigError", "AdvmonWarning"]
+import logging
+import warnings
+
+__all__ = ["AdvmonError", "AdvmonConfigError", "AdvmonWarning", "warn"]
 
 
 class AdvmonError(Exception):
@@ -25,3 +28,23 @@ class AdvmonConfigError(AdvmonError, ValueError):
 
 class AdvmonWarning(UserWarning):
     """advmon could not record part of a call; training carries on."""
+
+
+def warn(message: str, stacklevel: int = 2) -> None:
+    """Emit an :class:`AdvmonWarning` that can never raise.
+
+    Under ``python -W error`` or pytest's ``filterwarnings = error`` a warning
+    becomes an exception; raised from a watched call, it would cost the training
+    loop the estimator's result. Then the message goes to the ``advmon`` logger
+    instead.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("error")
+        ...     warn("advmon: something could not be recorded")  # no exception
+    """
+    try:
+        warnings.warn(message, AdvmonWarning, stacklevel=stacklevel + 1)
+    except Warning:
+        logging.getLogger("advmon").warning(message)

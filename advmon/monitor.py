@@ -13,7 +13,6 @@ import os
 import secrets
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 
 from advmon.emitter import Delivery, DeliveryPolicy
-from advmon.errors import AdvmonConfigError, AdvmonError, AdvmonWarning
+from advmon.errors import AdvmonConfigError, AdvmonError, warn
 from advmon.groups import merge_group_counts
 from advmon.hooks import ActiveCall, ArgumentNames, instrument as _instrument, watch_with
 from advmon.observation import (
@@ -548,7 +547,7 @@ class Monitor:
             if kind in self._warned:
                 return
             self._warned.add(kind)
-        warnings.warn(f"advmon: {message} [{kind}; not repeated]", AdvmonWarning, stacklevel=2)
+        warn(f"advmon: {message} [{kind}; not repeated]", stacklevel=2)
 
     def _report(self, problems: list[Problem], cause: BaseException | None = None, quiet: bool = False) -> None:
         """Count problems, warn once per kind, or raise in strict mode."""
@@ -561,10 +560,9 @@ class Monitor:
         if self.strict and not quiet:
             raise AdvmonError("; ".join(p.message for p in problems)) from cause
         for problem in fresh:
-            warnings.warn(
+            warn(
                 f"advmon: {problem.message} [{problem.kind}; counted in advmon/internal_errors, "
                 "not repeated]",
-                AdvmonWarning,
                 stacklevel=4,
             )
 
@@ -627,11 +625,21 @@ def _internal_problem(exc: BaseException) -> Problem:
     return Problem("internal", f"internal error {type(exc).__name__}: {exc}")
 
 
+#: Longest run id (in UTF-8 bytes): file systems allow 255 per name, suffixes need the rest.
+MAX_RUN_BYTES = 200
+
+
 def _checked_run(run: Any) -> str:
     if not isinstance(run, str) or not run.strip():
         raise AdvmonConfigError(f"run must be a non-empty string, got {run!r}")
     if any(c in run for c in "/\\\0") or run in {".", ".."}:
         raise AdvmonConfigError(f"run {run!r} must not contain path separators (it names the JSONL file)")
+    if len(run.encode("utf-8")) > MAX_RUN_BYTES:
+        # It names files ("<run>.rank<N>.jsonl"): longer names fail on every write later.
+        raise AdvmonConfigError(
+            f"run names a file, so it must be at most {MAX_RUN_BYTES} bytes; got {len(run.encode('utf-8'))} "
+            f"({run[:40]!r}...)"
+        )
     return run
 
 

@@ -64,15 +64,32 @@ def as_tensor(value: Any, name: str) -> torch.Tensor | None:
     if isinstance(value, torch.Tensor):
         return value.detach()
     if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-        return torch.from_numpy(value)
+        return _from_numpy(value)
     if isinstance(value, (list, tuple)):
+        # Through NumPy: Python floats stay float64 (torch.as_tensor would make them float32).
         try:
-            return torch.as_tensor(value)
-        except (TypeError, ValueError, RuntimeError):
-            pass
+            array = np.asarray(value)
+        except (TypeError, ValueError):
+            array = None
+        if array is not None and array.dtype.kind in "biuf":
+            return _from_numpy(array)
     raise ObservationError(
         f"{name}_type", f"expected {name} as a tensor or numeric array, got {type(value).__name__}"
     )
+
+
+def _from_numpy(array: np.ndarray) -> torch.Tensor:
+    """A tensor with the array's values, for any real NumPy array.
+
+    torch refuses negative strides (``a[::-1]``), byte-swapped and ``longdouble``
+    arrays and warns on read-only ones; those are copied first (long double to
+    float64, the widest torch has).
+    """
+    if array.dtype.kind == "f" and array.dtype.itemsize > 8:
+        array = array.astype(np.float64)
+    if not array.flags.writeable or not array.dtype.isnative or any(stride < 0 for stride in array.strides):
+        array = np.array(array, dtype=array.dtype.newbyteorder("=") if not array.dtype.isnative else array.dtype)
+    return torch.from_numpy(array)
 
 
 def advantages_of(result: Any) -> Any:

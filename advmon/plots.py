@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,33 +31,25 @@ SEVERITY_COLORS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4
 
 def series(records: Sequence[Any], key: str, reduce: str = "mean") -> tuple[np.ndarray, np.ndarray]:
     """Steps and values of ``key`` (``nan`` where missing), reduced to at most ``MAX_POINTS`` buckets."""
-    steps = np.array([r.step for r in records], dtype=np.float64)
-    values = np.array([_number(r.metrics.get(key)) for r in records], dtype=np.float64)
+    steps = np.fromiter((r.step for r in records), dtype=np.float64, count=len(records))
+    values = np.fromiter((_number(r.metrics.get(key)) for r in records), dtype=np.float64, count=len(records))
     if len(steps) <= MAX_POINTS:
         return steps, values
-    edges = np.linspace(0, len(steps), MAX_POINTS + 1).astype(int)
-    bucket_steps = np.array([steps[a:b].mean() for a, b in zip(edges[:-1], edges[1:])])
-    pick: Callable[[np.ndarray], float] = {"mean": np.nanmean, "min": np.nanmin, "max": np.nanmax}[reduce]
-    with np.errstate(all="ignore"), _quiet():
-        bucket_values = np.array([pick(values[a:b]) if np.isfinite(values[a:b]).any() else np.nan
-                                  for a, b in zip(edges[:-1], edges[1:])])
-    return bucket_steps, bucket_values
+    starts = np.linspace(0, len(steps), MAX_POINTS + 1).astype(np.int64)[:-1]
+    sizes = np.diff(np.append(starts, len(steps)))
+    bucket_steps = np.add.reduceat(steps, starts) / sizes
+    finite = np.isfinite(values)
+    if reduce == "mean":
+        totals = np.add.reduceat(np.where(finite, values, 0.0), starts)
+        counts = np.add.reduceat(finite.astype(np.float64), starts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return bucket_steps, np.where(counts > 0, totals / counts, np.nan)
+    pick = np.fmin if reduce == "min" else np.fmax  # fmin/fmax skip NaN
+    return bucket_steps, pick.reduceat(np.where(finite, values, np.nan), starts)
 
 
 def _number(value: Any) -> float:
     return math.nan if value is None else float(value)
-
-
-class _quiet:
-    def __enter__(self):
-        import warnings
-
-        self._catch = warnings.catch_warnings()
-        self._catch.__enter__()
-        warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc):
-        self._catch.__exit__(*exc)
 
 
 @dataclass(frozen=True)

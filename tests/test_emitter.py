@@ -67,6 +67,9 @@ def test_a_full_queue_drops_the_oldest_for_the_slow_sink_only(sink):
     # queued behind it only the newest three survive.
     assert slow.steps[:1] == [0] and slow.steps[1:4] == [7, 8, 9]
     assert sink.records[-1].metrics["advmon/dropped_records/slow"] == 6
+    # Regression (off by one): each record counts the drop its own arrival caused.
+    counts = [r.metrics["advmon/dropped_records/slow"] for r in sink.records[1:10]]
+    assert counts == [0, 0, 0, 1, 2, 3, 4, 5, 6]
     messages = [str(w.message) for w in caught if issubclass(w.category, advmon.AdvmonWarning)]
     assert sum("too slow" in m for m in messages) == 1
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import advmon
+import advmon.cli
 from advmon.cli import main
 from advmon.demo import DemoConfig, run_demo
 from advmon.record import Record
@@ -33,17 +34,42 @@ def test_jsonl_lines_append_flush_and_read_back(tmp_path):
     assert records[0].metrics["a"] == 1.0 and math.isnan(records[0].metrics["b"])
 
 
-def test_reader_skips_a_cut_last_line_and_rejects_broken_ones(tmp_path):
+def test_reader_skips_damaged_lines_with_one_warning_naming_them(tmp_path):
     path = tmp_path / "run.jsonl"
     good = Record("r", 0, 0.0, "e", None, {"x": 1.0}).to_json()
     path.write_text(good + "\n" + good[:20])
-    with pytest.warns(advmon.AdvmonWarning, match="truncated"):
+    with pytest.warns(advmon.AdvmonWarning, match=r"run.jsonl: skipped 1 damaged line\(s\): 2"):
         assert len(advmon.read_jsonl(path)) == 1
-    path.write_text("not json\n" + good + "\n")
+    path.write_text("not json\n" + good + "\n" + good[:30] + "\n" + good + "\n")
+    with pytest.warns(advmon.AdvmonWarning, match=r"skipped 2 damaged line\(s\): 1, 3"):
+        assert len(advmon.read_jsonl(path)) == 2
+    path.write_text("not json\n{}\n")
     with pytest.raises(advmon.AdvmonConfigError, match="run.jsonl:1"):
         advmon.read_jsonl(path)
     with pytest.raises(advmon.AdvmonConfigError, match="cannot read"):
         advmon.read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_a_run_resumed_after_a_kill_mid_write_stays_readable(tmp_path):
+    """Regression: appending after a truncated last line made the whole file unreadable."""
+    import warnings
+
+    path = tmp_path / "run.jsonl"
+    sink = advmon.JsonlSink(path)
+    for step in range(3):
+        sink.write(Record("r", step, 0.0, "e", None, {"x": float(step)}))
+    sink.close()
+    path.write_bytes(path.read_bytes()[:-25])  # SIGKILL in the middle of the last line
+    resumed = advmon.JsonlSink(path)
+    for step in range(3, 5):
+        resumed.write(Record("r", step, 0.0, "e", None, {"x": float(step)}))
+    resumed.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        steps = [r.step for r in advmon.read_jsonl(path)]
+    assert steps == [0, 1, 3, 4]
+    assert len(caught) == 1 and "skipped 1 damaged line(s): 3" in str(caught[0].message)
+    assert advmon.cli.main(["summary", str(path)]) == 0
 
 
 def test_demo_shows_the_unstable_run_and_not_the_stable_one(tmp_path):

@@ -48,9 +48,10 @@ def _find(client, run: str):
         return client.get_run(run)
     except MlflowException:
         pass  # not a run id: try advmon's tag
-    escaped = run.replace("\\", "\\\\").replace("'", "\\'")  # MLflow filter syntax
+    from advmon.sinks.mlflow import search_tagged_runs
+
     experiments = [e.experiment_id for e in client.search_experiments()]
-    found = client.search_runs(experiments, filter_string=f"tags.`{RUN_TAG}` = '{escaped}'", max_results=2)
+    found = search_tagged_runs(client, experiments, run)
     if not found:
         raise RunSourceError(f"no MLflow run with id or {RUN_TAG} tag {run!r}")
     return found[0]

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import os
 import threading
-import warnings
 from pathlib import Path
 from typing import IO
 
-from advmon.errors import AdvmonConfigError, AdvmonWarning
+from advmon.errors import AdvmonConfigError, warn
 from advmon.record import Record
 from advmon.sinks.base import Sink
 
@@ -47,10 +46,22 @@ class JsonlSink(Sink):
         line = record.to_json() + "\n"
         with self._lock:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.path, "a", encoding="utf-8")
+                self._file = self._open()
             self._file.write(line)
             self._file.flush()
+
+    def _open(self) -> IO[str]:
+        """Open for appending; after a process killed mid-line, start on a fresh line."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        cut_short = False
+        if self.path.exists() and self.path.stat().st_size > 0:
+            with open(self.path, "rb") as existing:
+                existing.seek(-1, os.SEEK_END)
+                cut_short = existing.read(1) != b"\n"
+        file = open(self.path, "a", encoding="utf-8")
+        if cut_short:
+            file.write("\n")
+        return file
 
     def flush(self) -> None:
         with self._lock:
@@ -70,18 +81,20 @@ class JsonlSink(Sink):
 def read_jsonl(path: str | os.PathLike[str], progress_label: str | None = None) -> list[Record]:
     """Read back the records of a JSONL file written by :class:`JsonlSink`.
 
-    A last line cut short (the process died while writing it) is skipped with a
-    warning; any other malformed line is an error naming the line.
+    A damaged line (cut short by a process killed while writing it, then perhaps
+    followed by a resumed run's lines) is skipped: one warning names the file,
+    the line numbers and how many were skipped.
 
     Raises:
-        AdvmonConfigError: the file is missing or holds a malformed line.
+        AdvmonConfigError: the file is missing, or no line of it is an advmon record.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise AdvmonConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     lines = text.split("\n")
     records = []
+    damaged: list[tuple[int, str]] = []
     progress = None
     if progress_label is not None:
         from advmon.progress import Progress
@@ -94,13 +107,16 @@ def read_jsonl(path: str | os.PathLike[str], progress_label: str | None = None) 
             continue
         try:
             records.append(Record.from_json(line))
-        except (ValueError, KeyError, TypeError) as exc:
-            if number == len(lines) and not text.endswith("\n"):
-                warnings.warn(f"{path}: skipped a truncated last line ({number})", AdvmonWarning, stacklevel=2)
-                continue
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             detail = exc.msg if isinstance(exc, json.JSONDecodeError) else f"{type(exc).__name__}: {exc}"
-            raise AdvmonConfigError(f"{path}:{number}: not an advmon record ({detail})") from None
+            damaged.append((number, detail))
     if progress is not None:
         progress.advance(len(lines))
         progress.__exit__(None, None, None)
+    if damaged and not records:
+        number, detail = damaged[0]
+        raise AdvmonConfigError(f"{path}:{number}: not an advmon record ({detail})")
+    if damaged:
+        numbers = ", ".join(str(n) for n, _ in damaged[:10]) + (" ..." if len(damaged) > 10 else "")
+        warn(f"advmon: {path}: skipped {len(damaged)} damaged line(s): {numbers}", stacklevel=2)
     return records

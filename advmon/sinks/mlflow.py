@@ -19,11 +19,31 @@ from typing import Any
 from advmon.record import Record
 from advmon.sinks.base import Sink, require
 
-__all__ = ["MlflowSink", "mlflow_key"]
+__all__ = ["MlflowSink", "mlflow_key", "search_tagged_runs"]
 
 RUN_TAG = "advmon.run"
 _BATCH_LIMIT = 1000  # MLflow's maximum number of metrics per log_batch call
 _FORBIDDEN = re.compile(r"[^\w\-. :/]")
+
+
+def search_tagged_runs(client: Any, experiment_ids: list[str], value: str, max_results: int = 1) -> list[Any]:
+    """Runs whose ``advmon.run`` tag equals ``value``, whatever quotes the name holds.
+
+    MLflow's filter strings have no escape for a quote inside a quoted value, so
+    the value is quoted with the kind of quote it lacks; a name with both kinds
+    is searched by its longest quote-free piece and matched exactly here.
+    """
+    if "'" not in value:
+        condition, exact = f"tags.`{RUN_TAG}` = '{value}'", True
+    elif '"' not in value:
+        condition, exact = f'tags.`{RUN_TAG}` = "{value}"', True
+    else:
+        piece = max(re.split(r"[\'\"%_]", value), key=len)
+        condition, exact = f"tags.`{RUN_TAG}` LIKE '%{piece}%'", False
+    found = client.search_runs(experiment_ids, filter_string=condition, max_results=max_results if exact else 50_000)
+    if not exact:
+        found = [run for run in found if run.data.tags.get(RUN_TAG) == value][:max_results]
+    return list(found)
 
 
 def mlflow_key(key: str) -> str:
@@ -77,9 +97,7 @@ class MlflowSink(Sink):
             return self.run_id
         experiment_id = self._experiment_id()
         name = self.run_name or "advmon"
-        found = self.client.search_runs(
-            [experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{name}'", max_results=1
-        )
+        found = search_tagged_runs(self.client, [experiment_id], name)
         if found:
             self.run_id = found[0].info.run_id
         else:

@@ -1,0 +1,153 @@
+"""Regressions from the hostile-user review (issue 10): each fails on the code before its fix."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import advmon
+from advmon.record import Record
+from tests.reference import group_stats, value_stats
+
+
+def hostile_calls():
+    """(description, prompt_ids, rewards, mask) a training loop may really hand an estimator."""
+    ids = torch.arange(8) // 4
+    good = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])
+    read_only = good.numpy().copy()
+    read_only.flags.writeable = False
+    yield "empty batch", torch.zeros(0, dtype=torch.long), torch.zeros(0), torch.zeros(0, 5)
+    yield "all-zero mask", ids, good, torch.zeros(8, 5)
+    yield "mask of another shape", ids, good, torch.ones(8, 3)
+    yield "missing rewards", ids, None, torch.ones(8, 5)
+    yield "groups of the wrong length", torch.arange(3), good, torch.ones(8, 5)
+    yield "NaN and Inf rewards", ids, torch.tensor([math.nan, 0, math.inf, 1, -math.inf, 0, 0, 1.0]), torch.ones(8, 5)
+    yield "read-only array", ids, read_only, torch.ones(8, 5)
+    yield "negative strides", ids, good.numpy().copy()[::-1], torch.ones(8, 5)
+    yield "long double", ids, good.numpy().astype(np.longdouble), torch.ones(8, 5)
+    yield "a Python list", ids, good.tolist(), torch.ones(8, 5)
+    yield "bf16 rewards", ids, good.to(torch.bfloat16), torch.ones(8, 5)
+    yield "a string", ids, "oops", torch.ones(8, 5)
+
+
+@pytest.mark.parametrize("call", list(hostile_calls()), ids=lambda c: c[0])
+def test_no_warning_filter_turns_advmon_into_an_exception(call):
+    """Regression: under -W error an AdvmonWarning was raised from the watched call after the estimator ran."""
+    _, prompt_ids, rewards, mask = call
+    monitor = advmon.Monitor("hostile", sinks=[])
+    returned = []
+
+    @monitor.watch
+    def compute_advantage(prompt_ids, rewards, mask):
+        result = torch.zeros(mask.shape).expand(mask.shape)
+        returned.append(result)
+        return result
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every warning an exception, as python -W error does
+        result = compute_advantage(prompt_ids, rewards, mask)
+        monitor.close()
+    assert result is returned[0]
+
+
+def test_strict_still_raises():
+    monitor = advmon.Monitor("strict", sinks=[], strict=True)
+    with pytest.raises(advmon.AdvmonError):
+        monitor.observe(rewards=torch.zeros(0), advantages=torch.zeros(0))
+    monitor.close()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [list, np.array, lambda v: np.array(v)[::-1].copy()[::-1], lambda v: torch.tensor(v, dtype=torch.float64),
+     lambda v: np.array(v, dtype=np.longdouble)],
+    ids=["list", "float64 array", "negative strides", "float64 tensor", "long double"],
+)
+def test_float64_inputs_keep_their_precision(make):
+    """Regression: lists and float64 went through float32: 1e8 + 0.125 * i came back as 1e8."""
+    values = [1e8 + 0.125 * i for i in range(8)]
+    monitor = advmon.Monitor("precise", sinks=[])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        monitor.observe(rewards=make(values), group_size=4)
+    metrics = monitor.last_metrics
+    monitor.close()
+    expected = value_stats(np.array(values))
+    for key in ("mean", "std", "min", "max"):
+        assert metrics[f"rewards/{key}"] == pytest.approx(expected[key], rel=1e-15, abs=1e-9), key
+    groups = group_stats(values, [i // 4 for i in range(8)])
+    assert metrics["groups/zero_std_count"] == groups["groups/zero_std_count"] == 0
+
+
+def test_the_dropped_record_counter_never_lags():
+    """Covered with the queue in tests/test_emitter.py; here: a record's counters include its own drop."""
+    import threading
+
+    gate = threading.Event()
+
+    class Stuck(advmon.Sink):
+        name = "stuck"
+
+        def write(self, record):
+            gate.wait(5)
+
+    seen = []
+
+    class Keep(advmon.Sink):
+        name = "keep"
+        synchronous = True
+
+        def write(self, record):
+            seen.append(record.metrics["advmon/dropped_records/stuck"])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        monitor = advmon.Monitor("drops", sinks=[advmon.JsonlSink("/dev/null"), Stuck(), Keep()], queue_size=1)
+        for _ in range(5):
+            monitor.observe(rewards=torch.ones(2))
+        gate.set()
+        monitor.close()
+    # Record 0 is taken by the worker, record 1 waits in the queue; each later one drops one.
+    assert seen[-1] == seen[-2] + 1 and seen[-1] >= 2
+
+
+def test_a_run_name_too_long_for_a_file_is_refused_at_once():
+    with pytest.raises(advmon.AdvmonConfigError, match="at most 200 bytes"):
+        advmon.Monitor("x" * 300, sinks=[])
+    advmon.Monitor("x" * 200, sinks=[]).close()
+
+
+def test_mlflow_finds_a_run_whose_name_has_a_quote(tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from advmon.sinks.mlflow import MlflowSink
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for step in range(2):  # the second monitor (a replay) must find the first one's run
+        sink = MlflowSink(tracking_uri=store)
+        sink.attach("it's o'clock", ["mlflow"])
+        sink.write(Record("it's o'clock", step, 1.0, "e", None, {"rewards/mean": float(step)}))
+        sink.close()
+    runs = MlflowClient(store).search_runs(["0"])
+    assert len(runs) == 1
+    history = MlflowClient(store).get_metric_history(runs[0].info.run_id, "rewards/mean")
+    assert [m.step for m in history] == [0, 1]
+
+
+@pytest.mark.parametrize("name", ["plain", 'say "hi"', "it's \"both\" kinds"])
+def test_mlflow_tag_search_handles_every_quote(tmp_path, name):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from advmon.sinks.mlflow import search_tagged_runs
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    wanted = client.create_run("0", tags={"advmon.run": name})
+    client.create_run("0", tags={"advmon.run": name + " (other)"})
+    (found,) = search_tagged_runs(client, ["0"], name)
+    assert found.info.run_id == wanted.info.run_id
