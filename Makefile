@@ -10,6 +10,8 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # The CPU build of torch lies on these machines' disk; any other request
 # downloads a multi-GB CUDA build. The package itself accepts a range.
 TORCH_PIN := torch==2.13.0
+# verl's declared requirements pull GPU stacks: it goes in alone, its import needs come from advmon[verl].
+VERL_PIN := verl==0.9.1
 CORE_STAMP := $(VENV)/.advmon-core
 DEV_STAMP := $(VENV)/.advmon-dev
 # chromium: the report tests render HTML as a person sees it (headless).
@@ -42,6 +44,7 @@ $(CORE_STAMP): pyproject.toml | $(PY)
 
 $(DEV_STAMP): pyproject.toml $(CORE_STAMP)
 	$(PIP) install --quiet $(TORCH_PIN) -e '.[dev]'
+	$(PIP) install --quiet --no-deps $(VERL_PIN)
 	touch $@
 
 # Prometheus, Pushgateway, Alertmanager (and Chromium) from Debian; the tests start

@@ -27,6 +27,19 @@ def require_binary(name: str) -> str:
     return path
 
 
+def require_module(name: str):
+    """Import an optional package the tests need; in CI its absence fails instead of skipping."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError:
+        message = f"{name} is not installed (make test installs it)"
+        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message, allow_module_level=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,0 +1,147 @@
+"""verl: watch every advantage estimator verl can call, on every path it calls them by.
+
+verl 0.9's ``ray_trainer.compute_advantage`` calls GAE and GRPO as attributes of
+``core_algos`` and every other estimator through ``get_adv_estimator_fn(name)``
+(the ``ADV_ESTIMATOR_REGISTRY``); GDPO calls the module's GRPO once per reward key.
+:func:`instrument` wraps the registry's entries, every attribute of a loaded
+``verl`` module that holds one of those functions, and ``get_adv_estimator_fn``
+itself (so an estimator registered later is watched when it is looked up), with
+verl's argument names. :func:`uninstrument` puts everything back.
+
+Nested calls record once: GDPO's inner GRPO calls belong to the GDPO record.
+GAE has no groups (its rewards are token-level, summed per sequence). The step
+is verl's own counter (``SkipManager.set_step(global_steps)``, set by both
+trainers in the process that computes advantages) via :func:`current_step`, or
+an explicit ``monitor.step(n)``.
+
+Example (with verl installed)::
+
+    import advmon.integrations.verl as advmon_verl
+    monitor = advmon_verl.instrument()          # Monitor(step_source=current_step), process-wide
+    ...                                         # verl's trainer runs as usual
+    advmon_verl.uninstrument()
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from advmon.hooks import ArgumentNames, is_watched, watch_with
+from advmon.monitor import Monitor, get_monitor, set_monitor
+
+__all__ = ["current_step", "instrument", "is_instrumented", "uninstrument"]
+
+#: verl's names for the inputs advmon reads.
+GROUPED = ArgumentNames(rewards="token_level_rewards", mask="response_mask", groups="index")
+UNGROUPED = ArgumentNames(rewards="token_level_rewards", mask="response_mask", groups=None)
+_UNGROUPED_ESTIMATORS = {"gae", "reinforce_plus_plus", "remax"}
+
+_lock = threading.Lock()
+_installed: dict[str, Any] | None = None
+
+
+def current_step() -> int:
+    """verl's global step in this process (``SkipManager.step``; -1 before training starts)."""
+    from verl.utils.skip.skip_manager import SkipManager
+
+    return int(SkipManager.step)
+
+
+def _names_for(name: str) -> ArgumentNames:
+    return UNGROUPED if name in _UNGROUPED_ESTIMATORS else GROUPED
+
+
+def instrument(monitor: Monitor | None = None) -> Monitor:
+    """Watch every verl advantage estimator; return the monitor records go to.
+
+    Args:
+        monitor: where records go. Default: the process-wide monitor, created as
+            ``Monitor(step_source=current_step)`` if there is none yet.
+
+    Instrumenting again is harmless (nothing is wrapped twice); to change the
+    monitor, :func:`uninstrument` first.
+    """
+    global _installed
+    from verl.trainer.ppo import core_algos
+
+    with _lock:
+        if _installed is not None:
+            return _installed["monitor"]
+        if monitor is None:
+            monitor = _process_monitor()
+        registry = core_algos.ADV_ESTIMATOR_REGISTRY
+        wrappers: dict[int, Any] = {}
+        originals: dict[int, Any] = {}
+        saved_registry = dict(registry)
+        for name, fn in registry.items():
+            if is_watched(fn):
+                continue
+            wrapper = watch_with(fn, monitor, _names_for(name))
+            wrappers[id(fn)], originals[id(fn)] = wrapper, fn
+            registry[name] = wrapper
+        patched = _patch_module_attributes(wrappers)
+        original_lookup = core_algos.get_adv_estimator_fn
+        later: dict[int, Any] = {}
+
+        def get_adv_estimator_fn(name_or_enum):
+            fn = original_lookup(name_or_enum)
+            if is_watched(fn):
+                return fn
+            # Registered after instrument(): wrap it now, once.
+            name = getattr(name_or_enum, "value", name_or_enum)
+            with _lock:
+                if id(fn) not in later:
+                    later[id(fn)] = (fn, watch_with(fn, monitor, _names_for(str(name))))
+                return later[id(fn)][1]
+
+        get_adv_estimator_fn.__wrapped__ = original_lookup  # type: ignore[attr-defined]
+        core_algos.get_adv_estimator_fn = get_adv_estimator_fn
+        patched.append((core_algos, "get_adv_estimator_fn", original_lookup))
+        _installed = {"monitor": monitor, "registry": saved_registry, "patched": patched, "later": later}
+        return monitor
+
+
+def _process_monitor() -> Monitor:
+    from advmon.monitor import _default_monitor  # noqa: PLC2701 - only to know whether one exists
+
+    if _default_monitor is not None and not _default_monitor.closed:
+        return get_monitor()
+    monitor = Monitor(step_source=current_step)
+    set_monitor(monitor)
+    return monitor
+
+
+def _patch_module_attributes(wrappers: dict[int, Any]) -> list[tuple[Any, str, Any]]:
+    """Point every attribute of a loaded verl module that holds an estimator at its wrapper."""
+    patched = []
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == "verl" or module_name.startswith("verl.")):
+            continue
+        for attribute, value in list(vars(module).items()):
+            wrapper = wrappers.get(id(value))
+            if wrapper is not None:
+                setattr(module, attribute, wrapper)
+                patched.append((module, attribute, value))
+    return patched
+
+
+def uninstrument() -> None:
+    """Undo :func:`instrument`: the registry, module attributes and lookup are verl's own again."""
+    global _installed
+    from verl.trainer.ppo import core_algos
+
+    with _lock:
+        if _installed is None:
+            return
+        for module, attribute, original in _installed["patched"]:
+            setattr(module, attribute, original)
+        registry = core_algos.ADV_ESTIMATOR_REGISTRY
+        for name, fn in _installed["registry"].items():
+            registry[name] = fn
+        _installed = None
+
+
+def is_instrumented() -> bool:
+    return _installed is not None

@@ -1,0 +1,168 @@
+"""advmon inside the real verl 0.9.1: every estimator its ray_trainer.compute_advantage calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import advmon
+from tests.reference import assert_stats_close, derived_pre_norm, group_stats, value_stats
+from tests.services import require_module
+
+verl = require_module("verl")
+from verl import DataProto  # noqa: E402
+from verl.trainer.config import AlgoConfig  # noqa: E402
+from verl.trainer.ppo import core_algos, ray_trainer  # noqa: E402
+
+import advmon.integrations.verl as advmon_verl  # noqa: E402
+
+ESTIMATORS = ["grpo", "gae", "rloo", "reinforce_plus_plus", "grpo_vectorized", "opo", "gpg", "gdpo"]
+GROUP = 4
+
+
+def batch(seed: int = 0, prompts: int = 6, length: int = 12) -> DataProto:
+    rng = np.random.default_rng(seed)
+    size = prompts * GROUP
+    lengths = rng.integers(3, length + 1, size)
+    mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.float32)
+    scores = (rng.random(size) < 0.5).astype(np.float32)
+    scores[:GROUP] = 1.0  # one zero-std group
+    rewards = np.zeros((size, length), np.float32)
+    rewards[np.arange(size), lengths - 1] = scores  # outcome reward on the last token
+    uid = np.array([f"prompt-{i // GROUP}" for i in range(size)], dtype=object)
+    prompt_length = 5
+    return DataProto.from_dict(
+        tensors={
+            "token_level_rewards": torch.from_numpy(rewards),
+            "response_mask": torch.from_numpy(mask),
+            "values": torch.from_numpy(rng.normal(size=(size, length)).astype(np.float32)),
+            # GDPO reads its reward components at the last response token:
+            "prompts": torch.ones(size, prompt_length, dtype=torch.long),
+            "attention_mask": torch.from_numpy(np.concatenate([np.ones((size, prompt_length), np.int64), mask.astype(np.int64)], 1)),
+        },
+        non_tensors={
+            "uid": uid,
+            "accuracy": scores.astype(np.float64),
+            "format": (rng.random(size) < 0.8).astype(np.float64),
+        },
+    )
+
+
+def run_estimator(name: str, seed: int = 0) -> DataProto:
+    config = AlgoConfig(gamma=1.0, lam=1.0, adv_estimator=name, gdpo_reward_keys=["accuracy", "format"])
+    return ray_trainer.compute_advantage(batch(seed), adv_estimator=name, config=config)
+
+
+@pytest.fixture
+def instrumented(tmp_path):
+    records = []
+
+    class Keep(advmon.Sink):
+        name = "keep"
+        synchronous = True
+
+        def write(self, record):
+            records.append(record)
+
+    monitor = advmon.Monitor("verl", sinks=[Keep()], reward_range=(0.0, 1.0))
+    advmon_verl.instrument(monitor)
+    yield records
+    advmon_verl.uninstrument()
+    monitor.close()
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_outputs_unchanged_one_record_per_call_statistics_equal_numpy(name, instrumented):
+    advmon_verl.uninstrument()
+    plain = run_estimator(name)
+    advmon_verl.instrument(instrumented_monitor(instrumented))
+    watched = run_estimator(name)
+    for key in ("advantages", "returns"):
+        assert torch.equal(plain.batch[key], watched.batch[key]), key
+    assert len(instrumented) == 1, [r.estimator for r in instrumented]
+    record = instrumented[0]
+    assert name.split("_")[0] in record.estimator.lower() or name == "gae" and "gae" in record.estimator
+    data = batch(0)
+    rewards = data.batch["token_level_rewards"].sum(-1).numpy().astype(np.float64)
+    mask = data.batch["response_mask"].numpy()
+    advantages = watched.batch["advantages"].numpy()
+    assert_stats_close(record.metrics, value_stats(advantages, mask), "advantages/post_norm/")
+    assert_stats_close(record.metrics, {k: v for k, v in value_stats(rewards).items() if k in ("mean", "std", "min", "max", "count")}, "rewards/")
+    keys = list(data.non_tensor_batch["uid"])
+    if name in advmon_verl._UNGROUPED_ESTIMATORS:
+        assert record.metrics["groups/count"] == 0
+        assert_stats_close(record.metrics, value_stats(derived_pre_norm(rewards)), "advantages/pre_norm/")
+    else:
+        for key, value in group_stats(rewards, keys, (0.0, 1.0)).items():
+            assert record.metrics[key] == pytest.approx(value, nan_ok=True), key
+        assert record.metrics["groups/zero_std_count"] >= 1
+        assert_stats_close(record.metrics, value_stats(derived_pre_norm(rewards, keys)), "advantages/pre_norm/")
+
+
+def instrumented_monitor(records):
+    # The fixture's monitor: the one whose sink fills ``records``.
+    for monitor in list(advmon.monitor._LIVE_MONITORS):  # noqa: SLF001 - test helper
+        if any(getattr(s, "name", "") == "keep" for s in monitor.sinks) and not monitor.closed:
+            return monitor
+    raise AssertionError("no monitor")
+
+
+def test_every_path_is_watched_and_undo_restores_verl(instrumented):
+    from advmon.hooks import is_watched
+
+    assert all(is_watched(fn) for fn in core_algos.ADV_ESTIMATOR_REGISTRY.values())
+    assert is_watched(core_algos.compute_grpo_outcome_advantage)
+    assert is_watched(core_algos.compute_gae_advantage_return)
+    # GDPO calls the module-level GRPO per reward key: one record, the outer one.
+    run_estimator("gdpo")
+    assert len(instrumented) == 1 and "gdpo" in instrumented[0].estimator
+    advmon_verl.uninstrument()
+    assert not any(is_watched(fn) for fn in core_algos.ADV_ESTIMATOR_REGISTRY.values())
+    assert not is_watched(core_algos.compute_grpo_outcome_advantage)
+    assert core_algos.get_adv_estimator_fn.__module__ == "verl.trainer.ppo.core_algos"
+
+
+def test_estimators_registered_later_and_reregistration(instrumented):
+    @core_algos.register_adv_est("advmon_test_centered")
+    def centered(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+        scores = token_level_rewards.sum(-1)
+        advantages = (scores - scores.mean()).unsqueeze(-1) * response_mask
+        return advantages, advantages
+
+    try:
+        run_estimator("advmon_test_centered")
+        assert len(instrumented) == 1 and "centered" in instrumented[0].estimator
+        # Registering the installed wrapper again is harmless.
+        wrapper = core_algos.ADV_ESTIMATOR_REGISTRY["grpo"]
+        core_algos.register_adv_est("grpo")(wrapper)
+    finally:
+        core_algos.ADV_ESTIMATOR_REGISTRY.pop("advmon_test_centered", None)
+
+
+def test_step_comes_from_verls_counter():
+    from verl.utils.skip.skip_manager import SkipManager
+
+    records = []
+
+    class Keep(advmon.Sink):
+        name = "keep"
+        synchronous = True
+
+        def write(self, record):
+            records.append(record)
+
+    monitor = advmon.Monitor("verl-steps", sinks=[Keep()], step_source=advmon_verl.current_step)
+    advmon_verl.instrument(monitor)
+    try:
+        for step in (7, 8):
+            SkipManager.set_step(step)
+            run_estimator("grpo", seed=step)
+            run_estimator("grpo", seed=step + 100)  # two calls, one step
+        monitor.flush()
+    finally:
+        advmon_verl.uninstrument()
+        monitor.close()
+        SkipManager.set_step(-1)
+    assert [r.step for r in records] == [7, 8]
+    assert records[0].metrics["rewards/count"] == 2 * 6 * GROUP
