@@ -76,6 +76,13 @@ class Monitor:
             asynchronous single controller): a callable giving the current training
             step. Calls are then aggregated per step value, and a step's record is
             emitted when a call for another step arrives, or on :meth:`flush`.
+        reduce: ``"ranks"`` when the estimator runs on every rank with a shard of
+            the batch (DDP loops, TRL's per-process slices): each step, every rank's
+            host-side parts (counts, sums, extrema, exact values or histogram bins)
+            are gathered to rank 0 over ``torch.distributed`` and merged as chunks
+            of one step are, so rank 0 emits exactly the record one process would
+            compute on the concatenated batch. Every rank must then record the same
+            steps (it is a collective). Default ``"none"``.
         all_ranks: record on every process of a distributed job. By default only
             global rank 0 (``torch.distributed`` or ``RANK``) records and emits;
             other ranks run their estimators untouched.
@@ -112,6 +119,7 @@ class Monitor:
         strict: bool = False,
         step_source: Callable[[], int] | None = None,
         all_ranks: bool = False,
+        reduce: str = "none",
         queue_size: int = 1000,
         retries: int = 3,
         close_timeout: float = 10.0,
@@ -125,12 +133,15 @@ class Monitor:
         self.strict = bool(strict)
         self._lock = threading.RLock()
         self.rank = global_rank()
-        #: Whether this process records (global rank 0, or every rank with all_ranks).
-        self.enabled = bool(all_ranks) or self.rank == 0
+        if reduce not in ("none", "ranks"):
+            raise AdvmonConfigError(f"reduce must be 'none' or 'ranks', got {reduce!r}")
+        self.reduce = reduce
+        #: Whether this process records (global rank 0, every rank with all_ranks or reduce="ranks").
+        self.enabled = bool(all_ranks) or self.rank == 0 or reduce == "ranks"
         self.close_timeout = float(close_timeout)
         policy = _checked_policy(queue_size, retries)
         self.sinks: list[SinkLike] = []
-        if self.enabled:
+        if self.enabled and (reduce == "none" or self.rank == 0):
             jsonl_name = self.run if self.rank == 0 else f"{self.run}.rank{self.rank}"
             default = Path("advmon-runs") / f"{jsonl_name}.jsonl"
             self.sinks = [JsonlSink(default), *sinks_from_env(self.run)] if sinks is None else _checked_sinks(sinks, self.run)
@@ -290,8 +301,9 @@ class Monitor:
             with self._lock:
                 calls, self._pending, self._open_step = self._pending, [], None
                 self._next_step = max(self._next_step, int(step) + 1)
-            if calls:
+            if calls or self.reduce == "ranks":
                 # While the block's own exception propagates, advmon must not replace it.
+                # Across ranks, a rank with no call still takes part in the step's gather.
                 self._emit(int(step), calls, quiet=failed)
 
     @property
@@ -482,10 +494,30 @@ class Monitor:
         except Exception as exc:  # noqa: BLE001
             self._report([_internal_problem(exc)], cause=exc, quiet=quiet)
             return
+        if record is None:  # reduce="ranks": rank 0 emits for every rank
+            return
         self._last_record = record
         self._delivery.send(record)
 
-    def _build_record(self, step: int, calls: list[CallParts], quiet: bool) -> Record:
+    def _build_record(self, step: int, calls: list[CallParts], quiet: bool) -> Record | None:
+        if self.reduce == "ranks":
+            try:
+                local = self._host_parts(calls)
+            except Exception as exc:  # noqa: BLE001 - still take part in the gather, or every rank hangs
+                self._report([_internal_problem(exc)], cause=exc, quiet=True)
+                local = ({}, None, {}, [], [])
+            gathered = _gather_to_rank_zero(local)
+            if gathered is None:
+                return None
+            stage_parts, group_totals, estimator_metrics, estimators, sources = _merge_ranks(gathered)
+            if not stage_parts and group_totals is None:
+                return None  # no rank recorded anything this step
+        else:
+            stage_parts, group_totals, estimator_metrics, estimators, sources = self._host_parts(calls)
+        return self._finish_record(step, stage_parts, group_totals, estimator_metrics, estimators, sources, quiet)
+
+    def _host_parts(self, calls: list[CallParts]) -> tuple:
+        """This process's parts of a step, on the host after one transfer."""
         tensors: list[torch.Tensor] = []
         for call in calls:
             for parts in call.stages.values():
@@ -510,7 +542,12 @@ class Monitor:
             for key, value in call.estimator_metrics.items():
                 number = float(next(arrays)[0]) if isinstance(value, torch.Tensor) else float(value)
                 estimator_metrics[f"estimator/{key}"] = number
+        estimators = [call.estimator for call in calls]
+        return stage_parts, group_totals, estimator_metrics, estimators, [call.pre_norm_source for call in calls]
 
+    def _finish_record(self, step: int, stage_parts: dict[str, list[HostPart]], group_totals: np.ndarray | None,
+                       estimator_metrics: dict[str, float], estimators: list[str], sources: list[str | None],
+                       quiet: bool) -> Record:
         summaries = {stage: summarize(parts) for stage, parts in stage_parts.items()}
         problems = _record_problems(summaries, stage_parts)
         self._report(problems, quiet=quiet)
@@ -527,8 +564,8 @@ class Monitor:
             run=self.run,
             step=step,
             time=time.time(),
-            estimator=",".join(dict.fromkeys(call.estimator for call in calls)),
-            pre_norm_source=_combined_source(calls),
+            estimator=",".join(dict.fromkeys(estimators)),
+            pre_norm_source=_combined_source(sources),
             metrics=metrics,
         )
 
@@ -577,8 +614,37 @@ def _record_problems(summaries: dict[str, dict[str, float]], parts: dict[str, li
     return [Problem("empty_mask", "the mask selects no position: post-normalization statistics are empty")]
 
 
-def _combined_source(calls: list[CallParts]) -> str | None:
-    sources = {call.pre_norm_source for call in calls} - {None}
+def _gather_to_rank_zero(payload: Any) -> list[Any] | None:
+    """Every rank's payload on rank 0 (``None`` elsewhere); just ``[payload]`` without torch.distributed."""
+    distributed = torch.distributed
+    if not (distributed.is_available() and distributed.is_initialized()):
+        return [payload]
+    gathered = [None] * distributed.get_world_size() if distributed.get_rank() == 0 else None
+    distributed.gather_object(payload, gathered, dst=0)
+    return gathered
+
+
+def _merge_ranks(gathered: list[Any]) -> tuple:
+    """Merge every rank's host parts as the chunks of one step are merged (ranks in order)."""
+    stage_parts: dict[str, list[HostPart]] = {}
+    group_totals: np.ndarray | None = None
+    estimator_metrics: dict[str, float] = {}
+    estimators: list[str] = []
+    sources: list[str | None] = []
+    for parts, totals, metrics, names, rank_sources in gathered:
+        for stage, host_parts in parts.items():
+            stage_parts.setdefault(stage, []).extend(host_parts)
+        if totals is not None:
+            group_totals = totals.copy() if group_totals is None else merge_group_counts(group_totals, totals)
+        for key, value in metrics.items():
+            estimator_metrics.setdefault(key, value)  # rank 0's value first
+        estimators += names
+        sources += rank_sources
+    return stage_parts, group_totals, estimator_metrics, estimators, sources
+
+
+def _combined_source(pre_norm_sources: list[str | None]) -> str | None:
+    sources = set(pre_norm_sources) - {None}
     if not sources:
         return None
     return sources.pop() if len(sources) == 1 else "mixed"
