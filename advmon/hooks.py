@@ -95,17 +95,38 @@ def watch_with(fn: F, monitor: Monitor | None, names: ArgumentNames) -> F:
         signature = None
     estimator = f"{getattr(fn, '__module__', None) or ''}.{getattr(fn, '__qualname__', repr(fn))}".lstrip(".")
 
-    @functools.wraps(fn)
-    def watched(*args: Any, **kwargs: Any) -> Any:
+    def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActiveCall | None:
         if _ACTIVE.get() is not None:
             # A watched estimator calling another one (or super()): the outer call
             # is the record, the inner one would count the same batch twice.
-            return fn(*args, **kwargs)
+            return None
         monitor = resolve_monitor()
-        call = None
-        if monitor is not None:
-            inputs, owner = _bind(signature, names, args, kwargs, fn)
-            call = monitor._start_call(estimator, inputs, owner, names)
+        if monitor is None:
+            return None
+        inputs, owner = _bind(signature, names, args, kwargs, fn)
+        return monitor._start_call(estimator, inputs, owner, names)
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def watched_async(*args: Any, **kwargs: Any) -> Any:
+            call = start(args, kwargs)
+            if call is None:
+                return await fn(*args, **kwargs)
+            token = _ACTIVE.set(call)
+            try:
+                result = await fn(*args, **kwargs)
+            finally:
+                _ACTIVE.reset(token)
+            call.monitor._finish_call(call, result)
+            return result
+
+        setattr(watched_async, _WATCHED, _target_key(monitor))
+        return watched_async  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        call = start(args, kwargs)
         if call is None:
             return fn(*args, **kwargs)
         token = _ACTIVE.set(call)

@@ -16,6 +16,8 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
@@ -158,8 +160,7 @@ class Monitor:
             )
         _LIVE_MONITORS.add(self)
         self._next_step = 0
-        self._open_step: int | None = None
-        self._pending: list[CallParts] = []
+        self._open_steps: set[_OpenStep] = set()  # steps open in any context, for close()
         self._step_source = step_source
         self._followed: tuple[int, list[CallParts]] | None = None
         self._internal_errors = 0
@@ -286,11 +287,16 @@ class Monitor:
         """
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise AdvmonConfigError(f"step must be a non-negative int, got {step!r}")
+        current = self._step_in_context()
+        if current is not None:
+            raise AdvmonError(f"monitor.step({step}) inside monitor.step({current.step}): steps do not nest")
+        # The step belongs to this context (thread, asyncio task): a call on another
+        # thread is not silently folded into it. A worker pool joins on purpose by
+        # running its work in contextvars.copy_context() taken inside the block.
+        opened = _OpenStep(int(step))
+        token = _OPEN_STEPS.set((*_OPEN_STEPS.get(), (self, opened)))
         with self._lock:
-            if self._open_step is not None:
-                raise AdvmonError(f"monitor.step({step}) inside monitor.step({self._open_step}): steps do not nest")
-            self._open_step = int(step)
-            self._pending = []
+            self._open_steps.add(opened)
         failed = False
         try:
             yield self
@@ -298,13 +304,21 @@ class Monitor:
             failed = True
             raise
         finally:
+            _OPEN_STEPS.reset(token)
             with self._lock:
-                calls, self._pending, self._open_step = self._pending, [], None
+                self._open_steps.discard(opened)
+                calls, opened.calls, opened.closed = opened.calls, [], True
                 self._next_step = max(self._next_step, int(step) + 1)
             if calls or self.reduce == "ranks":
                 # While the block's own exception propagates, advmon must not replace it.
                 # Across ranks, a rank with no call still takes part in the step's gather.
                 self._emit(int(step), calls, quiet=failed)
+
+    def _step_in_context(self) -> _OpenStep | None:
+        for monitor, opened in _OPEN_STEPS.get():
+            if monitor is self and not opened.closed:
+                return opened
+        return None
 
     @property
     def last_metrics(self) -> dict[str, float]:
@@ -339,10 +353,13 @@ class Monitor:
             if self._closed:
                 return
             self._closed = True
-            calls, self._pending = self._pending, []
-            step = self._open_step
-        if calls and step is not None:
-            self._emit(step, calls)
+            still_open = list(self._open_steps)
+            for opened in still_open:
+                opened.closed = True
+        for opened in sorted(still_open, key=lambda o: o.step):
+            calls, opened.calls = opened.calls, []
+            if calls:
+                self._emit(opened.step, calls)
         self._emit_followed()
         undelivered = self._delivery.close(self.close_timeout if timeout is None else timeout)
         for name, count in undelivered.items():
@@ -449,12 +466,13 @@ class Monitor:
     # ------------------------------------------------------------------ records
 
     def _add(self, parts: CallParts) -> None:
-        if self._open_step is None and self._step_source is not None:
+        opened = self._step_in_context()
+        if opened is None and self._step_source is not None:
             self._follow(parts)
             return
         with self._lock:
-            if self._open_step is not None:
-                self._pending.append(parts)
+            if opened is not None and not opened.closed:
+                opened.calls.append(parts)
                 return
             step = self._next_step
             self._next_step += 1
@@ -612,6 +630,19 @@ def _record_problems(summaries: dict[str, dict[str, float]], parts: dict[str, li
     if entries == 0:
         return []
     return [Problem("empty_mask", "the mask selects no position: post-normalization statistics are empty")]
+
+
+@dataclass(eq=False)
+class _OpenStep:
+    """A ``monitor.step(n)`` block in flight, and the calls it gathered."""
+
+    step: int
+    calls: list[CallParts] = field(default_factory=list)
+    closed: bool = False
+
+
+#: The steps open in this context, as (monitor, step) pairs.
+_OPEN_STEPS: ContextVar[tuple[tuple[Monitor, _OpenStep], ...]] = ContextVar("advmon_open_steps", default=())
 
 
 def _gather_to_rank_zero(payload: Any) -> list[Any] | None:

@@ -151,3 +151,97 @@ def test_mlflow_tag_search_handles_every_quote(tmp_path, name):
     client.create_run("0", tags={"advmon.run": name + " (other)"})
     (found,) = search_tagged_runs(client, ["0"], name)
     assert found.info.run_id == wanted.info.run_id
+
+
+# --------------------------------------------------------------------------- threads and asyncio
+
+
+def keep_monitor(run: str = "ctx"):
+    records = []
+
+    class Keep(advmon.Sink):
+        name = "keep"
+        synchronous = True
+
+        def write(self, record):
+            records.append(record)
+
+    return advmon.Monitor(run, sinks=[Keep()]), records
+
+
+def test_a_call_on_another_thread_does_not_join_the_training_threads_step():
+    """Regression: any thread's call was folded into a step opened on the training thread."""
+    import threading
+
+    monitor, records = keep_monitor()
+    with monitor.step(5):
+        monitor.observe(rewards=torch.ones(4))
+        other = threading.Thread(target=monitor.observe, kwargs={"rewards": torch.zeros(3)})
+        other.start()
+        other.join()
+    monitor.close()
+    by_step = {r.step: r.metrics["rewards/count"] for r in records}
+    assert by_step[5] == 4  # only the training thread's call
+    assert sorted(by_step.values()) == [3, 4]
+
+
+def test_a_worker_pool_joins_a_step_on_purpose_with_copy_context():
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    monitor, records = keep_monitor()
+    with ThreadPoolExecutor(2) as pool, monitor.step(2):
+        context = contextvars.copy_context()
+        futures = [pool.submit(context.copy().run, monitor.observe, rewards=torch.ones(n)) for n in (2, 3)]
+        for future in futures:
+            future.result()
+    monitor.close()
+    assert [(r.step, r.metrics["rewards/count"]) for r in records] == [(2, 5)]
+
+
+def test_asyncio_tasks_keep_their_own_steps():
+    import asyncio
+
+    monitor, records = keep_monitor()
+
+    async def one_step(step: int, size: int) -> None:
+        with monitor.step(step):
+            monitor.observe(rewards=torch.ones(size))
+            await asyncio.sleep(0.01)  # the other task runs its own step meanwhile
+            monitor.observe(rewards=torch.ones(size))
+
+    async def main() -> None:
+        await asyncio.gather(one_step(1, 2), one_step(2, 3))
+
+    asyncio.run(main())
+    monitor.close()
+    assert sorted((r.step, r.metrics["rewards/count"]) for r in records) == [(1, 4), (2, 6)]
+
+
+def test_async_estimators_are_awaited_then_recorded_and_stay_coroutine_functions():
+    import asyncio
+    import inspect
+
+    monitor, records = keep_monitor()
+
+    class Estimator:
+        async def compute_advantage(self, prompt_ids, rewards, mask):
+            await asyncio.sleep(0)
+            return (rewards - rewards.mean()).unsqueeze(-1).expand(mask.shape)
+
+    @monitor.watch
+    async def compute_advantage(prompt_ids, rewards, mask):
+        await asyncio.sleep(0)
+        return (rewards - rewards.mean()).unsqueeze(-1).expand(mask.shape)
+
+    estimator = advmon.instrument(Estimator(), monitor)
+    assert inspect.iscoroutinefunction(compute_advantage)
+    assert inspect.iscoroutinefunction(estimator.compute_advantage)
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    first = asyncio.run(compute_advantage(torch.arange(4) // 2, rewards, torch.ones(4, 3)))
+    second = asyncio.run(estimator.compute_advantage(torch.arange(4) // 2, rewards, torch.ones(4, 3)))
+    monitor.close()
+    assert torch.equal(first, second)
+    assert len(records) == 2
+    assert records[0].metrics["advantages/post_norm/count"] == 12
+    assert records[0].metrics["groups/zero_std_count"] == 1
