@@ -180,18 +180,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command in ("report", "compare"):
             return _run_command(args)
     except (AdvmonError, OSError, ModuleNotFoundError) as exc:
-        print(f"advmon: error: {exc}", file=sys.stderr)
+        from advmon.redact import scrub
+
+        print(f"advmon: error: {scrub(str(exc))}", file=sys.stderr)
         return 1
     return 0
 
 
+def redact_spec(spec: str) -> str:
+    """A sink spec as it may be printed: a URL's password and tokens masked."""
+    from advmon.redact import redact_url
+
+    kind, sep, argument = spec.partition(":")
+    return f"{kind}{sep}{redact_url(argument)}" if "://" in argument else spec
+
+
 def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
     from advmon.emitter import DeliveryPolicy, attach_sink, write_with_retries
+    from advmon.redact import remember_secrets, scrub
     from advmon.sinks.jsonl import read_jsonl
     from advmon.sinks.specs import parse_spec, sink_from_spec
 
     for spec in specs:
         parse_spec(spec)
+        remember_secrets(spec.partition(":")[2])
     records = [r for r in read_jsonl(path) if r.step >= since_step]
     policy = DeliveryPolicy(retries=retries)
     failed = 0
@@ -206,11 +218,11 @@ def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
                     sent += 1
                 else:
                     failed += 1
-                    print(f"advmon: step {record.step}: {type(error).__name__}: {error}", file=sys.stderr)
+                    print(scrub(f"advmon: step {record.step}: {type(error).__name__}: {error}"), file=sys.stderr)
             close = getattr(sink, "close", None)
             if callable(close):
                 close()
-            print(f"replayed {sent} record(s) of run {run} to {spec}")
+            print(f"replayed {sent} record(s) of run {run} to {redact_spec(spec)}")
     if failed:
         print(f"advmon: error: {failed} record(s) could not be sent", file=sys.stderr)
         return 1

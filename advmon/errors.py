@@ -44,6 +44,9 @@ def warn(message: str, stacklevel: int = 2) -> None:
         ...     warnings.simplefilter("error")
         ...     warn("advmon: something could not be recorded")  # no exception
     """
+    from advmon.redact import scrub
+
+    message = scrub(message)  # a sink's error can quote a URL with a password in it
     try:
         warnings.warn(message, AdvmonWarning, stacklevel=stacklevel + 1)
     except Warning:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from advmon.record import Record
+from advmon.redact import redact_url, remember_secrets
 from advmon.sinks.base import Sink, require
 
 __all__ = ["MlflowSink", "mlflow_key", "search_tagged_runs"]
@@ -73,6 +74,7 @@ class MlflowSink(Sink):
 
     def __init__(self, tracking_uri: str | None = None, experiment: str | None = None, run_id: str | None = None) -> None:
         self._mlflow = require("mlflow", "mlflow")
+        remember_secrets(tracking_uri)  # scrubbed from every message advmon emits
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.run_id = run_id
@@ -135,4 +137,4 @@ class MlflowSink(Sink):
                 self._owned = False
 
     def __repr__(self) -> str:
-        return f"MlflowSink({self.tracking_uri!r})"
+        return f"MlflowSink({redact_url(self.tracking_uri) if self.tracking_uri else None!r})"

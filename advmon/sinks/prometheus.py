@@ -21,11 +21,13 @@ Counters: ``advmon_nonfinite_values_total{stage="reward|pre_norm|post_norm",kind
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from advmon.record import Record, abs_max
+from advmon.redact import redact_url, remember_secret, split_credentials
 from advmon.sinks.base import Sink, require
 
 __all__ = ["AdvmonCollector", "PrometheusSink", "PushgatewaySink"]
@@ -210,19 +212,55 @@ class PushgatewaySink(_CollectorSink):
     Each push replaces the run's group (``push_to_gateway``). Scrape the
     Pushgateway with ``honor_labels: true`` so the ``run`` label is kept.
     ``delete_on_close`` removes the group when the monitor closes.
+
+    Authentication, never printed or logged: basic auth from ``user:password@``
+    in the URL, or ``username``/``password``, or ``ADVMON_PUSHGATEWAY_USERNAME`` with
+    ``ADVMON_PUSHGATEWAY_PASSWORD`` (or ``..._PASSWORD_FILE``); a bearer token from
+    ``token`` or ``ADVMON_PUSHGATEWAY_TOKEN`` (or ``..._TOKEN_FILE``).
     """
 
     name = "pushgateway"
 
     def __init__(
-        self, url: str, job: str = "advmon", run: str = "", timeout: float = 5.0, delete_on_close: bool = False
+        self,
+        url: str,
+        job: str = "advmon",
+        run: str = "",
+        timeout: float = 5.0,
+        delete_on_close: bool = False,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
     ) -> None:
         super().__init__(run)
-        self.url = url
+        clean, url_user, url_password = split_credentials(url)
+        self.url = clean
         self.job = job
         self.timeout = timeout
         self.delete_on_close = delete_on_close
         self._last: Record | None = None
+        username = username or url_user or os.environ.get("ADVMON_PUSHGATEWAY_USERNAME")
+        password = password or url_password or _from_env_or_file("ADVMON_PUSHGATEWAY_PASSWORD")
+        token = token or _from_env_or_file("ADVMON_PUSHGATEWAY_TOKEN")
+        for secret in (password, token):
+            remember_secret(secret)
+        self._handler = self._auth_handler(username, password, token)
+
+    def _auth_handler(self, username: str | None, password: str | None, token: str | None) -> Any:
+        client = self._client.exposition
+        if token:
+
+            def bearer(url, method, timeout, headers, data):  # noqa: ANN001 - prometheus-client's handler shape
+                return client.default_handler(url, method, timeout, [*headers, ("Authorization", f"Bearer {token}")], data)
+
+            return bearer
+        if username is not None and password is not None:
+
+            def basic(url, method, timeout, headers, data):  # noqa: ANN001
+                return client.basic_auth_handler(url, method, timeout, headers, data, username, password)
+
+            return basic
+        return client.default_handler
 
     @property
     def grouping_key(self) -> dict[str, str]:
@@ -233,12 +271,27 @@ class PushgatewaySink(_CollectorSink):
             self.collector.update(record)
             self._last = record
         self._client.push_to_gateway(
-            self.url, job=self.job, registry=self.registry, grouping_key=self.grouping_key, timeout=self.timeout
+            self.url, job=self.job, registry=self.registry, grouping_key=self.grouping_key, timeout=self.timeout,
+            handler=self._handler,
         )
 
     def close(self) -> None:
         if self.delete_on_close:
-            self._client.delete_from_gateway(self.url, job=self.job, grouping_key=self.grouping_key, timeout=self.timeout)
+            self._client.delete_from_gateway(
+                self.url, job=self.job, grouping_key=self.grouping_key, timeout=self.timeout, handler=self._handler
+            )
 
     def __repr__(self) -> str:
-        return f"PushgatewaySink({self.url!r}, job={self.job!r})"
+        return f"PushgatewaySink({redact_url(self.url)!r}, job={self.job!r})"
+
+
+def _from_env_or_file(variable: str) -> str | None:
+    """``$VARIABLE``, else the stripped contents of the file ``$VARIABLE_FILE``."""
+    value = os.environ.get(variable)
+    if value:
+        return value
+    path = os.environ.get(f"{variable}_FILE")
+    if path:
+        with open(path, encoding="utf-8") as file:
+            return file.read().strip()
+    return None
