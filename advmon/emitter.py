@@ -239,7 +239,7 @@ class Delivery:
                 target=_call_quietly, args=(worker.sink, "close", worker.name, self._warn), daemon=True
             )
             closer.start()
-            closer.join(max(deadline - time.monotonic(), 0.5))
+            closer.join(max(deadline - time.monotonic(), 0.01))
         return left
 
 

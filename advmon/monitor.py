@@ -150,7 +150,11 @@ class Monitor:
             if alerts:
                 self.sinks.append(_alert_sink(alerts, alert_thresholds))
         self._warned: set[str] = set()
-        self._delivery = Delivery(self.sinks, self.run, policy, self._warn_sink)
+        self._delivery = Delivery(self.sinks, self.run, policy, _weak_warner(self))
+        # A monitor nobody closes must not leak its threads and files: close its
+        # delivery when it is garbage-collected (interpreter exit has its own path).
+        self._finalizer = weakref.finalize(self, self._delivery.close, min(self.close_timeout, 2.0))
+        self._finalizer.atexit = False
         replayable = [s for s in self.sinks if not getattr(s, "synchronous", False) and getattr(s, "replayable", True)]
         if replayable and not any(isinstance(sink, JsonlSink) for sink in self.sinks):
             self._warn_sink(
@@ -361,13 +365,18 @@ class Monitor:
             if calls:
                 self._emit(opened.step, calls)
         self._emit_followed()
+        self._finalizer.detach()
         undelivered = self._delivery.close(self.close_timeout if timeout is None else timeout)
+        files = [str(sink.path) for sink in self.sinks if isinstance(sink, JsonlSink)]
+        where = (
+            f"they are in {files[0]}: send them with 'advmon replay {files[0]} --to SPEC'"
+            if files else "no JSONL sink keeps them: they are lost"
+        )
         for name, count in undelivered.items():
             if count:
                 self._warn_sink(
                     f"undelivered:{name}",
-                    f"{count} record(s) could not be delivered to sink {name} before close; they are in the "
-                    "JSONL file: send them with 'advmon replay FILE --to SPEC'",
+                    f"{count} record(s) of run {self.run} could not be delivered to sink {name} before close; {where}",
                 )
         _LIVE_MONITORS.discard(self)
 
@@ -786,14 +795,43 @@ def global_rank() -> int:
 _LIVE_MONITORS: weakref.WeakSet[Monitor] = weakref.WeakSet()
 
 
+#: Seconds interpreter exit may spend delivering queued records, over all monitors together.
+EXIT_TIMEOUT_VARIABLE = "ADVMON_EXIT_TIMEOUT"
+DEFAULT_EXIT_TIMEOUT = 5.0
+
+
 @atexit.register
 def close_live_monitors() -> None:
-    """At interpreter exit, deliver what is queued (each monitor's close_timeout) and close sinks."""
+    """At interpreter exit, deliver what is queued and close sinks, within one total budget.
+
+    The budget (``ADVMON_EXIT_TIMEOUT`` seconds, default 5) is shared by every
+    monitor still open, whatever their number and their sinks' state; what is
+    left undelivered is reported with the JSONL file that keeps it.
+    """
+    try:
+        budget = float(os.environ.get(EXIT_TIMEOUT_VARIABLE, DEFAULT_EXIT_TIMEOUT))
+    except ValueError:
+        budget = DEFAULT_EXIT_TIMEOUT
+    deadline = time.monotonic() + max(budget, 0.0)
     for monitor in list(_LIVE_MONITORS):
         try:
-            monitor.close()
+            monitor.close(timeout=max(deadline - time.monotonic(), 0.0))
         except Exception:  # noqa: BLE001, S110 - never fail the interpreter's exit
             pass
+
+
+def _weak_warner(monitor: Monitor) -> Callable[[str, str], None]:
+    """The monitor's sink-problem reporter, without keeping the monitor alive (its threads call it)."""
+    reference = weakref.ref(monitor)
+
+    def warn_sink(kind: str, message: str) -> None:
+        target = reference()
+        if target is not None:
+            target._warn_sink(kind, message)
+        else:
+            warn(f"advmon: {message} [{kind}]")
+
+    return warn_sink
 
 
 def _checked_range(reward_range: Any) -> tuple[float, float] | None:

@@ -245,3 +245,66 @@ def test_async_estimators_are_awaited_then_recorded_and_stay_coroutine_functions
     assert len(records) == 2
     assert records[0].metrics["advantages/post_norm/count"] == 12
     assert records[0].metrics["groups/zero_std_count"] == 1
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+def test_monitors_never_closed_leak_no_thread_and_no_file(tmp_path):
+    """Regression: each unclosed Monitor kept a delivery thread and the JSONL file open."""
+    import gc
+    import os
+    import threading
+
+    class Background(advmon.Sink):
+        name = "background"
+
+        def write(self, record):
+            pass
+
+    def open_files() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    gc.collect()
+    threads, files = threading.active_count(), open_files()
+    for i in range(20):
+        monitor = advmon.Monitor(f"leak-{i}", sinks=[advmon.JsonlSink(tmp_path / f"{i}.jsonl"), Background()])
+        monitor.observe(rewards=torch.ones(2))
+        del monitor
+    gc.collect()
+    deadline = __import__("time").monotonic() + 10
+    while threading.active_count() > threads and __import__("time").monotonic() < deadline:
+        __import__("time").sleep(0.05)
+    assert threading.active_count() <= threads
+    assert open_files() <= files
+    assert all(len(advmon.read_jsonl(tmp_path / f"{i}.jsonl")) == 1 for i in range(20))  # nothing lost
+
+
+def test_interpreter_exit_is_bounded_and_says_what_was_not_delivered(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import threading, torch, advmon\n"
+        "class Stuck(advmon.Sink):\n"
+        "    name = 'stuck'\n"
+        "    def write(self, record):\n"
+        "        threading.Event().wait()  # a backend that never answers\n"
+        "monitors = [advmon.Monitor(f'run-{i}', sinks=[advmon.JsonlSink(f'run-{i}.jsonl'), Stuck()]) for i in range(6)]\n"
+        "for m in monitors:\n"
+        "    for _ in range(3):\n"
+        "        m.observe(rewards=torch.ones(2))\n"
+        "print('training done', flush=True)\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "ADVMON_EXIT_TIMEOUT": "2"})
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0 and "training done" in done.stdout
+    # Six monitors with a stuck sink used to take 6 x 10 s; the budget is 2 s for all of them.
+    assert elapsed < 15, elapsed
+    assert "could not be delivered to sink stuck" in done.stderr
+    assert "run-0.jsonl" in done.stderr and "advmon replay" in done.stderr
+    assert all(len(advmon.read_jsonl(tmp_path / f"run-{i}.jsonl")) == 3 for i in range(6))
