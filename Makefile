@@ -18,13 +18,17 @@ DEV_STAMP := $(VENV)/.advmon-dev
 SERVICE_PACKAGES := prometheus prometheus-pushgateway prometheus-alertmanager chromium
 SERVICE_BINARIES := prometheus promtool prometheus-pushgateway prometheus-alertmanager amtool chromium
 
-.PHONY: demo test bench services install clean
+.PHONY: demo test bench reliability services install clean
 
 demo: $(CORE_STAMP)
 	$(VENV)/bin/advmon demo
 
 test: $(DEV_STAMP) services
 	$(PY) -m pytest
+
+# The never-raise / never-lose / never-leak tests (docs/reliability.md); make test runs them too.
+reliability: $(DEV_STAMP) services
+	$(PY) -m pytest tests/test_hardening.py tests/test_secrets.py tests/test_emitter.py tests/test_jsonl_cli_demo.py
 
 bench: $(DEV_STAMP)
 	$(PY) benchmarks/bench_stats.py

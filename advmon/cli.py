@@ -212,7 +212,10 @@ def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
             sink = sink_from_spec(spec, run)
             attach_sink(sink, run, [spec.partition(":")[0]])
             sent = 0
+            accept = getattr(sink, "accept", None)
             for record in (r for r in records if r.run == run):
+                if callable(accept):
+                    accept(record)  # what a monitor does for every record before queueing it
                 error = write_with_retries(sink, record, policy)
                 if error is None:
                     sent += 1

@@ -35,14 +35,22 @@ class DeliveryPolicy:
         return min(self.backoff_seconds * 2**attempt, self.max_backoff_seconds)
 
 
+#: Most records handed at once to a sink with ``write_batch`` (a backlog drains in few calls).
+MAX_BATCH = 100
+
+
 def write_with_retries(
     sink: SinkLike, record: Record, policy: DeliveryPolicy, stopping: Callable[[], bool] = lambda: False
 ) -> Exception | None:
     """Write one record, retrying with backoff; the last error, or ``None`` once written."""
+    return _with_retries(lambda: sink.write(record), policy, stopping)
+
+
+def _with_retries(write: Callable[[], None], policy: DeliveryPolicy, stopping: Callable[[], bool]) -> Exception | None:
     error: Exception | None = None
     for attempt in range(policy.retries + 1):
         try:
-            sink.write(record)
+            write()
             return None
         except Exception as exc:  # noqa: BLE001 - any sink failure is retried, then reported
             error = exc
@@ -74,7 +82,7 @@ class SinkWorker:
         self._on_failure = on_failure  # (kind, message): the monitor warns and counts
         self._queue: deque[Record] = deque()
         self._condition = threading.Condition()
-        self._busy = False
+        self._in_flight = 0  # records handed to the sink and not finished yet
         self._stopping = False
         self.errors = 0
         self.dropped = 0
@@ -115,19 +123,19 @@ class SinkWorker:
         """Wait until the queue is delivered or ``timeout`` passes; return what is left."""
         deadline = time.monotonic() + timeout
         with self._condition:
-            while self._queue or self._busy:
+            while self._queue or self._in_flight:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._condition.wait(remaining)
-            return len(self._queue) + int(self._busy)
+            return len(self._queue) + self._in_flight
 
     def stop(self, timeout: float) -> int:
         """Drain, then end the thread; return the number of records not delivered."""
         left = self.drain(timeout)
         with self._condition:
             self._stopping = True
-            undelivered = len(self._queue) + int(self._busy)
+            undelivered = len(self._queue) + self._in_flight
             self._queue.clear()
             self._condition.notify_all()
         self._thread.join(timeout=0.1)
@@ -147,26 +155,36 @@ class SinkWorker:
                     self._condition.wait()
                 if self._stopping:
                     return
-                record = self._queue.popleft()
-                self._busy = True
+                # A sink that takes batches (MLflow) gets the whole backlog at once.
+                size = MAX_BATCH if self._batches else 1
+                batch = [self._queue.popleft() for _ in range(min(size, len(self._queue)))]
+                self._in_flight = len(batch)
             try:
-                self._deliver(record)
+                self._deliver(batch)
             finally:
                 with self._condition:
-                    self._busy = False
+                    self._in_flight = 0
                     self._condition.notify_all()
 
-    def _deliver(self, record: Record) -> None:
-        error = write_with_retries(self.sink, record, self.policy, lambda: self._stopping)
+    @property
+    def _batches(self) -> bool:
+        return callable(getattr(self.sink, "write_batch", None))
+
+    def _deliver(self, batch: list[Record]) -> None:
+        if self._batches:
+            error = _with_retries(lambda: self.sink.write_batch(batch), self.policy, lambda: self._stopping)
+        else:
+            error = write_with_retries(self.sink, batch[0], self.policy, lambda: self._stopping)
         if error is None:
-            self.delivered += 1
+            self.delivered += len(batch)
             return
-        self.errors += 1
+        self.errors += len(batch)
+        steps = f"step {batch[0].step}" if len(batch) == 1 else f"steps {batch[0].step}-{batch[-1].step}"
         self._report_safely(
             f"sink:{self.name}",
-            f"sink {self.name} failed to write step {record.step} after {self.policy.retries + 1} attempts: "
+            f"sink {self.name} failed to write {steps} after {self.policy.retries + 1} attempts: "
             f"{type(error).__name__}: {error} (counted in advmon/sink_errors/{self.name}; "
-            "the JSONL file keeps the record for advmon replay)",
+            "the JSONL file keeps the records for advmon replay)",
         )
 
 
@@ -200,6 +218,15 @@ class Delivery:
             worker.make_room()
         if self.workers:
             record.metrics.update({f"advmon/dropped_records/{w.name}": float(w.dropped) for w in self.workers})
+        for worker in self.workers:
+            # Cheap in-memory bookkeeping a queued sink does for every record, even one
+            # its queue later drops (the Pushgateway's counters count every record).
+            accept = getattr(worker.sink, "accept", None)
+            if callable(accept):
+                try:
+                    accept(record)
+                except Exception as exc:  # noqa: BLE001 - a broken sink must not break training
+                    self._warn(f"sink:{worker.name}", f"sink {worker.name} failed to take step {record.step}: {exc}")
         for sink, name in self._sync:
             try:
                 sink.write(record)

@@ -139,7 +139,9 @@ def start_pushgateway(workdir: Path) -> tuple[Service, str]:
     binary = require_binary("prometheus-pushgateway")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    service = Service("pushgateway", [binary, f"--web.listen-address=127.0.0.1:{port}"], workdir, f"{url}/-/ready")
+    # Debian's build persists to /var/lib/prometheus by default: keep each test's gateway to itself.
+    args = [binary, f"--web.listen-address=127.0.0.1:{port}", f"--persistence.file={workdir / 'pushgateway.data'}"]
+    service = Service("pushgateway", args, workdir, f"{url}/-/ready")
     return service, url
 
 

@@ -308,3 +308,88 @@ def test_interpreter_exit_is_bounded_and_says_what_was_not_delivered(tmp_path):
     assert "could not be delivered to sink stuck" in done.stderr
     assert "run-0.jsonl" in done.stderr and "advmon replay" in done.stderr
     assert all(len(advmon.read_jsonl(tmp_path / f"run-{i}.jsonl")) == 3 for i in range(6))
+
+
+# --------------------------------------------------------------------------- counters and batches
+
+
+class GatedPush:
+    """A Pushgateway sink whose pushes wait behind a gate (a slow network)."""
+
+    def __new__(cls, url: str, gate):
+        from advmon.sinks.prometheus import PushgatewaySink
+
+        class Gated(PushgatewaySink):
+            def write_batch(self, records):
+                gate.wait(10)
+                super().write_batch(records)
+
+        return Gated(url)
+
+
+@pytest.mark.integration
+def test_pushed_counters_count_dropped_records_and_replay_continues_them(tmp_path):
+    """Regressions: records dropped before a push were missing from its counters, and a
+    replay restarted the counters from zero under the same group (the series went backwards)."""
+    import json
+    import threading
+
+    from advmon.cli import main
+    from tests.services import http_get, start_pushgateway
+
+    gateway, url = start_pushgateway(tmp_path)
+    try:
+        gate = threading.Event()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            monitor = advmon.Monitor("counted", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), GatedPush(url, gate)],
+                                     queue_size=1)
+            for _ in range(6):
+                monitor.observe(rewards=torch.tensor([1.0, float("nan")]))
+            gate.set()
+            monitor.close()
+        assert monitor.last_metrics["advmon/dropped_records/pushgateway"] >= 3
+
+        def pushed() -> dict[str, float]:
+            (group,) = json.loads(http_get(f"{url}/api/v1/metrics"))["data"]
+            values = {}
+            for name in ("advmon_updates_total", "advmon_nonfinite_values_total"):
+                for metric in group[name]["metrics"]:
+                    if name == "advmon_updates_total" or metric["labels"] == {**metric["labels"], "stage": "reward", "kind": "nan"}:
+                        values[name] = float(metric["value"])
+            return values
+
+        assert pushed() == {"advmon_updates_total": 6.0, "advmon_nonfinite_values_total": 6.0}  # every record
+        assert main(["replay", str(tmp_path / "r.jsonl"), "--to", f"pushgateway:{url}"]) == 0
+        assert pushed() == {"advmon_updates_total": 12.0, "advmon_nonfinite_values_total": 12.0}  # never backwards
+    finally:
+        gateway.stop()
+
+
+def test_a_backlog_drains_to_mlflow_in_batches(tmp_path):
+    """Regression: one log_batch per record capped MLflow at ~10 records/s on sqlite."""
+    import threading
+
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from advmon.sinks.mlflow import MlflowSink
+
+    gate = threading.Event()
+    calls = []
+
+    class Counting(MlflowSink):
+        def write_batch(self, records):
+            gate.wait(10)
+            calls.append(len(records))
+            super().write_batch(records)
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monitor = advmon.Monitor("backlog", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), Counting(tracking_uri=store)])
+    for _ in range(300):
+        monitor.observe(rewards=torch.tensor([1.0, 0.0]))
+    gate.set()
+    monitor.close(timeout=60)
+    assert sum(calls) == 300 and len(calls) <= 6  # the backlog went in batches of up to 100 records
+    (run,) = MlflowClient(store).search_runs(["0"])
+    assert len(MlflowClient(store).get_metric_history(run.info.run_id, "rewards/mean")) == 300

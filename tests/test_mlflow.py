@@ -60,7 +60,9 @@ def test_sqlite_store_gets_every_value_in_one_batch_per_record(tmp_path, monkeyp
     with advmon.Monitor("ml-sqlite", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), MlflowSink(uri)]) as monitor:
         run_steps(monitor, range(3), nan_at={2})
     records = advmon.read_jsonl(tmp_path / "r.jsonl")
-    assert len(calls) == 3  # one request per record, never one per metric
+    # At most one request per record (queued records share one), never one per metric.
+    assert 1 <= len(calls) <= 3
+    assert sum(calls) == sum(sum(1 for v in r.metrics.values() if v == v and abs(v) != float("inf")) for r in records)
     _, logged = histories(uri, "ml-sqlite")
     assert_logged(records, logged)
     assert "advantages/post_norm/p99" in logged  # slashes kept

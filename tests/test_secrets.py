@@ -62,8 +62,8 @@ def pushgateway_with_basic_auth(tmp_path):
     config = tmp_path / "web.yml"
     config.write_text(f"basic_auth_users:\n  advmon: '{hashed}'\n")
     port = free_port()
-    service = Service("pushgateway", [binary, f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={config}"],
-                      tmp_path, None)
+    service = Service("pushgateway", [binary, f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={config}",
+                                      f"--persistence.file={tmp_path / 'pushgateway.data'}"], tmp_path, None)
     url = f"http://127.0.0.1:{port}"
     import urllib.error
 

@@ -117,12 +117,16 @@ class MlflowSink(Sink):
         return self.client.create_experiment(self.experiment)
 
     def write(self, record: Record) -> None:
+        self.write_batch([record])
+
+    def write_batch(self, records: Sequence[Record]) -> None:
+        """Log several records in as few ``log_batch`` calls as MLflow allows (1,000 metrics each)."""
         from mlflow.entities import Metric
 
         run_id = self._resolve_run()
-        timestamp = int(record.time * 1000)
         metrics = [
-            Metric(mlflow_key(key), value, timestamp, record.step)
+            Metric(mlflow_key(key), value, int(record.time * 1000), record.step)
+            for record in records
             for key, value in record.metrics.items()
             if math.isfinite(value)
         ]

@@ -57,6 +57,14 @@ class AdvmonCollector:
         self._updates = 0.0
         self._sinks = dict.fromkeys(sink_names)  # ordered set of sink names
 
+    def seed(self, counters: dict[tuple[str, tuple], float]) -> None:
+        """Start the accumulated counters from values already published (a continued run)."""
+        with self._lock:
+            self._updates = max(self._updates, counters.get(("advmon_updates", ()), 0.0))
+            for (stage, kind) in self._nonfinite:
+                key = ("advmon_nonfinite_values", (("kind", kind), ("stage", stage)))
+                self._nonfinite[(stage, kind)] = max(self._nonfinite[(stage, kind)], counters.get(key, 0.0))
+
     def set_sink_names(self, names: Sequence[str]) -> None:
         with self._lock:
             self._sinks.update(dict.fromkeys(names))
@@ -245,6 +253,18 @@ class PushgatewaySink(_CollectorSink):
         for secret in (password, token):
             remember_secret(secret)
         self._handler = self._auth_handler(username, password, token)
+        self._auth_headers = _auth_headers(username, password, token)
+        self._seeded = False
+
+    def _seed_from_gateway(self) -> None:
+        """Continue the counters the gateway already holds for this run (a replay, a restarted
+        trainer): a counter that restarted from 0 under the same group would go backwards."""
+        self._seeded = True
+        try:
+            current = read_group_counters(self.url, self.job, self.collector.run, self._auth_headers, self.timeout)
+        except Exception:  # noqa: BLE001 - no gateway yet, or none reachable: start from 0
+            return
+        self.collector.seed(current)
 
     def _auth_handler(self, username: str | None, password: str | None, token: str | None) -> Any:
         client = self._client.exposition
@@ -266,10 +286,22 @@ class PushgatewaySink(_CollectorSink):
     def grouping_key(self) -> dict[str, str]:
         return {"run": self.collector.run}
 
+    def attach(self, run: str, sink_names: Sequence[str]) -> None:
+        super().attach(run, sink_names)
+        self._seeded = False
+
+    def accept(self, record: Record) -> None:
+        """Count the record at once (on the training thread, in memory): a record the
+        queue drops later is still counted, so the pushed counters miss nothing."""
+        if not self._seeded:
+            self._seed_from_gateway()
+        self.collector.update(record)
+
     def write(self, record: Record) -> None:
-        if record is not self._last:  # a retried push must not count the record twice
-            self.collector.update(record)
-            self._last = record
+        """Push the latest state (every record accepted so far)."""
+        self.write_batch([record])
+
+    def write_batch(self, records: Sequence[Record]) -> None:
         self._client.push_to_gateway(
             self.url, job=self.job, registry=self.registry, grouping_key=self.grouping_key, timeout=self.timeout,
             handler=self._handler,
@@ -283,6 +315,38 @@ class PushgatewaySink(_CollectorSink):
 
     def __repr__(self) -> str:
         return f"PushgatewaySink({redact_url(self.url)!r}, job={self.job!r})"
+
+
+def read_group_counters(url: str, job: str, run: str, headers: dict[str, str], timeout: float) -> dict[tuple[str, tuple], float]:
+    """The counters one group holds on a Pushgateway (its JSON API): ``{(name, labels): value}``."""
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(f"{url.rstrip('/')}/api/v1/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        groups = json.loads(response.read()).get("data", [])
+    found: dict[tuple[str, tuple], float] = {}
+    for group in groups:
+        labels = group.get("labels", {})
+        if labels.get("job") != job or labels.get("run") != run:
+            continue
+        for name, family in group.items():
+            if not isinstance(family, dict) or family.get("type") != "COUNTER":
+                continue
+            for metric in family.get("metrics", []):
+                own = tuple(sorted((k, v) for k, v in metric.get("labels", {}).items() if k not in ("job", "instance", "run")))
+                found[(name.removesuffix("_total"), own)] = float(metric.get("value", 0.0))
+    return found
+
+
+def _auth_headers(username: str | None, password: str | None, token: str | None) -> dict[str, str]:
+    import base64
+
+    if token:
+        return {"Authorization": f"Bearer {token}"}
+    if username is not None and password is not None:
+        return {"Authorization": "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()}
+    return {}
 
 
 def _from_env_or_file(variable: str) -> str | None:
