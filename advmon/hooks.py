@@ -81,7 +81,7 @@ def active_call() -> ActiveCall | None:
 def _resolver(monitor: Monitor | None) -> Callable[[], Monitor | None]:
     if monitor is not None:
         return lambda: monitor
-    from advmon.monitor import get_monitor  # the process-wide one, looked up per call
+    from advmon.lifecycle import default_monitor as get_monitor  # the process-wide one, looked up per call
 
     return get_monitor
 
@@ -104,7 +104,7 @@ def watch_with(fn: F, monitor: Monitor | None, names: ArgumentNames) -> F:
         if monitor is None:
             return None
         inputs, owner = _bind(signature, names, args, kwargs, fn)
-        return monitor._start_call(estimator, inputs, owner, names)
+        return monitor.start_call(estimator, inputs, owner, names)
 
     if inspect.iscoroutinefunction(fn):
 
@@ -118,7 +118,7 @@ def watch_with(fn: F, monitor: Monitor | None, names: ArgumentNames) -> F:
                 result = await fn(*args, **kwargs)
             finally:
                 _ACTIVE.reset(token)
-            call.monitor._finish_call(call, result)
+            call.monitor.finish_call(call, result)
             return result
 
         setattr(watched_async, _WATCHED, _target_key(monitor))
@@ -134,7 +134,7 @@ def watch_with(fn: F, monitor: Monitor | None, names: ArgumentNames) -> F:
             result = fn(*args, **kwargs)
         finally:
             _ACTIVE.reset(token)
-        call.monitor._finish_call(call, result)
+        call.monitor.finish_call(call, result)
         return result
 
     setattr(watched, _WATCHED, _target_key(monitor))

@@ -7,7 +7,6 @@ to the host once, is summarised and handed to every sink.
 
 from __future__ import annotations
 
-import atexit
 import math
 import os
 import secrets
@@ -24,6 +23,7 @@ from typing import Any, TypeVar, overload
 import numpy as np
 import torch
 
+import advmon.lifecycle as lifecycle
 from advmon.emitter import Delivery, DeliveryPolicy
 from advmon.errors import AdvmonConfigError, AdvmonError, warn
 from advmon.groups import merge_group_counts
@@ -162,7 +162,7 @@ class Monitor:
                 "no JSONL sink: records an asynchronous sink fails to take cannot be replayed later "
                 "(add advmon.JsonlSink or 'jsonl:PATH')",
             )
-        _LIVE_MONITORS.add(self)
+        lifecycle.track(self)
         self._next_step = 0
         self._open_steps: set[_OpenStep] = set()  # steps open in any context, for close()
         self._step_source = step_source
@@ -378,7 +378,7 @@ class Monitor:
                     f"undelivered:{name}",
                     f"{count} record(s) of run {self.run} could not be delivered to sink {name} before close; {where}",
                 )
-        _LIVE_MONITORS.discard(self)
+        lifecycle.untrack(self)
 
     @property
     def closed(self) -> bool:
@@ -395,7 +395,7 @@ class Monitor:
 
     # ------------------------------------------------------------------ hooks' side
 
-    def _start_call(
+    def start_call(
         self, estimator: str, inputs: dict[str, Any] | None, owner: Any, names: ArgumentNames
     ) -> ActiveCall | None:
         """Begin recording a watched call; ``None`` means: just run the estimator.
@@ -425,7 +425,7 @@ class Monitor:
             call.problems.append(_internal_problem(exc))
         return call
 
-    def _finish_call(self, call: ActiveCall, result: Any) -> None:
+    def finish_call(self, call: ActiveCall, result: Any) -> None:
         """Observe a call that returned; never raises unless ``strict``."""
         try:
             with torch.no_grad():
@@ -792,32 +792,8 @@ def global_rank() -> int:
         return 0
 
 
-_LIVE_MONITORS: weakref.WeakSet[Monitor] = weakref.WeakSet()
-
-
-#: Seconds interpreter exit may spend delivering queued records, over all monitors together.
-EXIT_TIMEOUT_VARIABLE = "ADVMON_EXIT_TIMEOUT"
-DEFAULT_EXIT_TIMEOUT = 5.0
-
-
-@atexit.register
-def close_live_monitors() -> None:
-    """At interpreter exit, deliver what is queued and close sinks, within one total budget.
-
-    The budget (``ADVMON_EXIT_TIMEOUT`` seconds, default 5) is shared by every
-    monitor still open, whatever their number and their sinks' state; what is
-    left undelivered is reported with the JSONL file that keeps it.
-    """
-    try:
-        budget = float(os.environ.get(EXIT_TIMEOUT_VARIABLE, DEFAULT_EXIT_TIMEOUT))
-    except ValueError:
-        budget = DEFAULT_EXIT_TIMEOUT
-    deadline = time.monotonic() + max(budget, 0.0)
-    for monitor in list(_LIVE_MONITORS):
-        try:
-            monitor.close(timeout=max(deadline - time.monotonic(), 0.0))
-        except Exception:  # noqa: BLE001, S110 - never fail the interpreter's exit
-            pass
+#: Kept for compatibility: interpreter exit is :func:`advmon.lifecycle.close_all`.
+close_live_monitors = lifecycle.close_all
 
 
 def _weak_warner(monitor: Monitor) -> Callable[[str, str], None]:
@@ -846,24 +822,16 @@ def _checked_range(reward_range: Any) -> tuple[float, float] | None:
     return (low, high)
 
 
-_default_monitor: Monitor | None = None
-_default_lock = threading.Lock()
-
-
 def get_monitor() -> Monitor:
     """The process-wide default monitor behind :func:`advmon.watch`, created on first use."""
-    global _default_monitor
-    with _default_lock:
-        if _default_monitor is None or _default_monitor.closed:
-            _default_monitor = Monitor()
-        return _default_monitor
+    return lifecycle.default_monitor()
 
 
 def set_monitor(monitor: Monitor | None) -> Monitor | None:
     """Make ``monitor`` the process-wide default; returns the previous one."""
-    global _default_monitor
     if monitor is not None and not isinstance(monitor, Monitor):
         raise AdvmonConfigError(f"expected a Monitor, got {type(monitor).__name__}")
-    with _default_lock:
-        previous, _default_monitor = _default_monitor, monitor
-    return previous
+    return lifecycle.set_default(monitor)
+
+
+lifecycle.set_default_factory(Monitor)

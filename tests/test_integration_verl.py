@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import advmon
+import advmon.lifecycle
 from tests.reference import assert_stats_close, derived_pre_norm, group_stats, value_stats
 from tests.services import require_module
 
@@ -102,7 +103,7 @@ def test_outputs_unchanged_one_record_per_call_statistics_equal_numpy(name, inst
 
 def instrumented_monitor(records):
     # The fixture's monitor: the one whose sink fills ``records``.
-    for monitor in list(advmon.monitor._LIVE_MONITORS):  # noqa: SLF001 - test helper
+    for monitor in advmon.lifecycle.live():
         if any(getattr(s, "name", "") == "keep" for s in monitor.sinks) and not monitor.closed:
             return monitor
     raise AssertionError("no monitor")

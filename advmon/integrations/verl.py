@@ -104,9 +104,9 @@ def instrument(monitor: Monitor | None = None) -> Monitor:
 
 
 def _process_monitor() -> Monitor:
-    from advmon.monitor import _default_monitor  # noqa: PLC2701 - only to know whether one exists
+    from advmon.lifecycle import current_default
 
-    if _default_monitor is not None and not _default_monitor.closed:
+    if current_default() is not None:
         return get_monitor()
     monitor = Monitor(step_source=current_step)
     set_monitor(monitor)

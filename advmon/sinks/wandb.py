@@ -15,7 +15,6 @@ Advantage keys get min/max/last summaries.
 
 from __future__ import annotations
 
-import atexit
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -74,9 +73,9 @@ class WandbSink(Sink):
                 self._owned = True
                 # W&B finishes its runs at exit; exit hooks run last-registered first,
                 # so register advmon's drain again to deliver queued records before that.
-                from advmon.monitor import close_live_monitors
+                from advmon.lifecycle import close_all_again_at_exit
 
-                atexit.register(close_live_monitors)
+                close_all_again_at_exit()
         return self._run
 
     def write(self, record: Record) -> None:

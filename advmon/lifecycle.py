@@ -1,0 +1,119 @@
+"""The edges of a process: which monitors are alive, the process-wide default, and exit.
+
+Both the monitor and the sinks use this module (a W&B run must be finished after
+advmon delivered to it, so the W&B sink re-registers :func:`close_all` at exit);
+it imports neither, so the house has no circle.
+
+Example:
+    >>> class Closable:
+    ...     closed = False
+    ...     def close(self, timeout=None):
+    ...         self.closed = True
+    >>> thing = Closable()
+    >>> track(thing)
+    >>> close_all(budget=1.0)
+    >>> thing.closed
+    True
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "DEFAULT_EXIT_TIMEOUT",
+    "EXIT_TIMEOUT_VARIABLE",
+    "close_all",
+    "close_all_again_at_exit",
+    "current_default",
+    "default_monitor",
+    "set_default",
+    "set_default_factory",
+    "track",
+    "untrack",
+]
+
+#: Seconds interpreter exit may spend delivering queued records, over all monitors together.
+EXIT_TIMEOUT_VARIABLE = "ADVMON_EXIT_TIMEOUT"
+DEFAULT_EXIT_TIMEOUT = 5.0
+
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
+_default: Any = None
+_default_factory: Callable[[], Any] | None = None
+_lock = threading.Lock()
+
+
+def track(closable: Any) -> None:
+    """Close ``closable`` (anything with ``close(timeout)``) at exit unless it is closed first."""
+    _live.add(closable)
+
+
+def untrack(closable: Any) -> None:
+    _live.discard(closable)
+
+
+def live() -> list[Any]:
+    """What is tracked and still alive."""
+    return list(_live)
+
+
+@atexit.register
+def close_all(budget: float | None = None) -> None:
+    """Close everything tracked, within one total budget (``ADVMON_EXIT_TIMEOUT`` s, default 5).
+
+    The budget is shared by every monitor still open, whatever their number and
+    their sinks' state; each reports what it could not deliver.
+    """
+    if budget is None:
+        try:
+            budget = float(os.environ.get(EXIT_TIMEOUT_VARIABLE, DEFAULT_EXIT_TIMEOUT))
+        except ValueError:
+            budget = DEFAULT_EXIT_TIMEOUT
+    deadline = time.monotonic() + max(budget, 0.0)
+    for closable in list(_live):
+        try:
+            closable.close(timeout=max(deadline - time.monotonic(), 0.0))
+        except Exception:  # noqa: BLE001, S110 - never fail the interpreter's exit
+            pass
+
+
+def close_all_again_at_exit() -> None:
+    """Run :func:`close_all` before exit hooks registered so far (they run last-registered first)."""
+    atexit.register(close_all)
+
+
+def set_default_factory(factory: Callable[[], Any]) -> None:
+    """How :func:`default_monitor` makes the process-wide monitor (the monitor module sets it)."""
+    global _default_factory
+    _default_factory = factory
+
+
+def default_monitor() -> Any:
+    """The process-wide default monitor, created on first use."""
+    global _default
+    with _lock:
+        if _default is None or getattr(_default, "closed", False):
+            if _default_factory is None:
+                raise RuntimeError("advmon.monitor is not imported: import advmon first")
+            _default = _default_factory()
+        return _default
+
+
+def current_default() -> Any:
+    """The process-wide default monitor if one is open, without creating one."""
+    with _lock:
+        return _default if _default is not None and not getattr(_default, "closed", False) else None
+
+
+def set_default(monitor: Any) -> Any:
+    """Make ``monitor`` the process-wide default; returns the previous one."""
+    global _default
+    with _lock:
+        previous, _default = _default, monitor
+    return previous

@@ -1,0 +1,81 @@
+"""The house has no circles: no advmon module imports, at any depth, one that imports it back."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "advmon"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts).removesuffix(".__init__")
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    """Every advmon module imported anywhere in the file (functions included), TYPE_CHECKING blocks aside."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("advmon"):
+            found.add(node.module)
+            for alias in node.names:  # "from advmon import lifecycle" names a module
+                candidate = f"{node.module}.{alias.name}"
+                if (PACKAGE.parent / Path(*candidate.split("."))).with_suffix(".py").exists():
+                    found.add(candidate)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("advmon"))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        name = _module_name(path)
+        # A package's own __init__ is what importing any of its modules runs first: not an edge.
+        graph[name] = {m for m in _imports(ast.parse(path.read_text())) if m != "advmon" and not name.startswith(m + ".")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                found.append(stack[stack.index(target):] + [target])
+            elif target not in state:
+                visit(target, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def test_the_import_graph_has_no_circles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_layers_point_down():
+    graph = import_graph()
+    maths = ("advmon.stats", "advmon.groups")
+    for module in maths:
+        assert not {m for m in graph[module] if m not in maths}, module
+    for module in ("advmon.rules", *(m for m in graph if m.startswith("advmon.alerts"))):
+        assert not {m for m in graph[module] if m.startswith(("advmon.monitor", "advmon.stats", "advmon.groups"))}, module
+    for module in (m for m in graph if m.startswith("advmon.sinks")):
+        assert "advmon.monitor" not in graph[module], module
+    assert "advmon.monitor" not in graph["advmon.hooks"]
