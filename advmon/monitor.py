@@ -7,9 +7,6 @@ to the host once, is summarised and handed to every sink.
 
 from __future__ import annotations
 
-import math
-import os
-import secrets
 import threading
 import time
 import weakref
@@ -23,10 +20,19 @@ from typing import Any, TypeVar, overload
 import numpy as np
 import torch
 
+import advmon.assembly as assembly
 import advmon.lifecycle as lifecycle
-from advmon.emitter import Delivery, DeliveryPolicy
+from advmon.configuration import (
+    checked_policy,
+    checked_range,
+    checked_run,
+    checked_sinks,
+    default_run_id,
+    global_rank,
+    make_alert_sink,
+)
+from advmon.emitter import Delivery
 from advmon.errors import AdvmonConfigError, AdvmonError, warn
-from advmon.groups import merge_group_counts
 from advmon.hooks import ActiveCall, ArgumentNames, instrument as _instrument, watch_with
 from advmon.observation import (
     CallParts,
@@ -40,23 +46,17 @@ from advmon.observation import (
     observe_output,
     tensor_part,
 )
-from advmon.record import REWARD_KEYS, Record, group_metrics, stage_metrics
+from advmon.record import Record
 from advmon.sinks.base import SinkLike
 from advmon.sinks.jsonl import JsonlSink
-from advmon.sinks.specs import parse_spec, sink_from_spec, sinks_from_env
-from advmon.stats import HostPart, Part, pack, summarize
+from advmon.sinks.specs import sinks_from_env
+from advmon.stats import Part
 
 __all__ = ["Monitor", "get_monitor", "set_monitor"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Stages whose keys every record carries, in this order.
-CORE_STAGES = ("pre_norm", "post_norm")
-
-
-def default_run_id() -> str:
-    """A readable, unique-enough run id: ``run-YYYYmmdd-HHMMSS-xxxx``."""
-    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+CORE_STAGES = assembly.CORE_STAGES  # kept for compatibility
 
 
 class Monitor:
@@ -130,8 +130,8 @@ class Monitor:
     ) -> None:
         if step_source is not None and not callable(step_source):
             raise AdvmonConfigError(f"step_source must be a callable returning the training step, got {step_source!r}")
-        self.run = default_run_id() if run is None else _checked_run(run)
-        self.reward_range = _checked_range(reward_range)
+        self.run = default_run_id() if run is None else checked_run(run)
+        self.reward_range = checked_range(reward_range)
         self.strict = bool(strict)
         self._lock = threading.RLock()
         self.rank = global_rank()
@@ -141,14 +141,14 @@ class Monitor:
         #: Whether this process records (global rank 0, every rank with all_ranks or reduce="ranks").
         self.enabled = bool(all_ranks) or self.rank == 0 or reduce == "ranks"
         self.close_timeout = float(close_timeout)
-        policy = _checked_policy(queue_size, retries)
+        policy = checked_policy(queue_size, retries)
         self.sinks: list[SinkLike] = []
         if self.enabled and (reduce == "none" or self.rank == 0):
             jsonl_name = self.run if self.rank == 0 else f"{self.run}.rank{self.rank}"
             default = Path("advmon-runs") / f"{jsonl_name}.jsonl"
-            self.sinks = [JsonlSink(default), *sinks_from_env(self.run)] if sinks is None else _checked_sinks(sinks, self.run)
+            self.sinks = [JsonlSink(default), *sinks_from_env(self.run)] if sinks is None else checked_sinks(sinks, self.run)
             if alerts:
-                self.sinks.append(_alert_sink(alerts, alert_thresholds))
+                self.sinks.append(make_alert_sink(alerts, alert_thresholds))
         self._warned: set[str] = set()
         self._delivery = Delivery(self.sinks, self.run, policy, _weak_warner(self))
         # A monitor nobody closes must not leak its threads and files: close its
@@ -529,70 +529,26 @@ class Monitor:
     def _build_record(self, step: int, calls: list[CallParts], quiet: bool) -> Record | None:
         if self.reduce == "ranks":
             try:
-                local = self._host_parts(calls)
+                local = assembly.collect(calls)
             except Exception as exc:  # noqa: BLE001 - still take part in the gather, or every rank hangs
                 self._report([_internal_problem(exc)], cause=exc, quiet=True)
-                local = ({}, None, {}, [], [])
-            gathered = _gather_to_rank_zero(local)
-            if gathered is None:
-                return None
-            stage_parts, group_totals, estimator_metrics, estimators, sources = _merge_ranks(gathered)
-            if not stage_parts and group_totals is None:
-                return None  # no rank recorded anything this step
+                local = assembly.StepParts()
+            parts = assembly.gather_ranks(local)
+            if parts is None or parts.is_empty:
+                return None  # another rank emits; or no rank recorded anything this step
         else:
-            stage_parts, group_totals, estimator_metrics, estimators, sources = self._host_parts(calls)
-        return self._finish_record(step, stage_parts, group_totals, estimator_metrics, estimators, sources, quiet)
-
-    def _host_parts(self, calls: list[CallParts]) -> tuple:
-        """This process's parts of a step, on the host after one transfer."""
-        tensors: list[torch.Tensor] = []
-        for call in calls:
-            for parts in call.stages.values():
-                for part in parts:
-                    tensors.extend(part.tensors)
-            if call.groups is not None:
-                tensors.append(call.groups)
-            tensors.extend(v for v in call.estimator_metrics.values() if isinstance(v, torch.Tensor))
-        arrays = iter(pack(tensors))  # the record's one crossing to the host
-
-        stage_parts: dict[str, list[HostPart]] = {}
-        group_totals: np.ndarray | None = None
-        estimator_metrics: dict[str, float] = {}
-        for call in calls:
-            for stage, parts in call.stages.items():
-                for part in parts:
-                    host = HostPart(part.kind, tuple(next(arrays) for _ in part.tensors))
-                    stage_parts.setdefault(stage, []).append(host)
-            if call.groups is not None:
-                counts = next(arrays)
-                group_totals = counts.copy() if group_totals is None else merge_group_counts(group_totals, counts)
-            for key, value in call.estimator_metrics.items():
-                number = float(next(arrays)[0]) if isinstance(value, torch.Tensor) else float(value)
-                estimator_metrics[f"estimator/{key}"] = number
-        estimators = [call.estimator for call in calls]
-        return stage_parts, group_totals, estimator_metrics, estimators, [call.pre_norm_source for call in calls]
-
-    def _finish_record(self, step: int, stage_parts: dict[str, list[HostPart]], group_totals: np.ndarray | None,
-                       estimator_metrics: dict[str, float], estimators: list[str], sources: list[str | None],
-                       quiet: bool) -> Record:
-        summaries = {stage: summarize(parts) for stage, parts in stage_parts.items()}
-        problems = _record_problems(summaries, stage_parts)
-        self._report(problems, quiet=quiet)
-
-        metrics = stage_metrics("rewards", summaries.get("rewards", {}), REWARD_KEYS)
-        extra_stages = sorted(set(summaries) - set(CORE_STAGES) - {"rewards"})
-        for stage in (*CORE_STAGES, *extra_stages):
-            metrics.update(stage_metrics(f"advantages/{stage}", summaries.get(stage, {})))
-        metrics.update(group_metrics(None if group_totals is None else group_totals.tolist(), self.reward_range))
-        metrics.update(estimator_metrics)
-        metrics["advmon/internal_errors"] = float(self._internal_errors)
+            parts = assembly.collect(calls)
+        summaries = assembly.summaries_of(parts)
+        self._report(assembly.record_problems(summaries, parts), quiet=quiet)
+        metrics = assembly.assemble(summaries, parts, self.reward_range)
+        metrics["advmon/internal_errors"] = float(self._internal_errors)  # this step's problems included
         metrics.update(self._delivery.counters())
         return Record(
             run=self.run,
             step=step,
             time=time.time(),
-            estimator=",".join(dict.fromkeys(estimators)),
-            pre_norm_source=_combined_source(sources),
+            estimator=",".join(dict.fromkeys(parts.estimators)),
+            pre_norm_source=assembly.combined_source(parts.sources),
             metrics=metrics,
         )
 
@@ -631,16 +587,6 @@ class Monitor:
             )
 
 
-def _record_problems(summaries: dict[str, dict[str, float]], parts: dict[str, list[HostPart]]) -> list[Problem]:
-    post = summaries.get("post_norm")
-    if post is None or post["count"] > 0:
-        return []
-    entries = sum(p.arrays[0].size if p.kind == "exact" else 1 for p in parts["post_norm"])
-    if entries == 0:
-        return []
-    return [Problem("empty_mask", "the mask selects no position: post-normalization statistics are empty")]
-
-
 @dataclass(eq=False)
 class _OpenStep:
     """A ``monitor.step(n)`` block in flight, and the calls it gathered."""
@@ -652,42 +598,6 @@ class _OpenStep:
 
 #: The steps open in this context, as (monitor, step) pairs.
 _OPEN_STEPS: ContextVar[tuple[tuple[Monitor, _OpenStep], ...]] = ContextVar("advmon_open_steps", default=())
-
-
-def _gather_to_rank_zero(payload: Any) -> list[Any] | None:
-    """Every rank's payload on rank 0 (``None`` elsewhere); just ``[payload]`` without torch.distributed."""
-    distributed = torch.distributed
-    if not (distributed.is_available() and distributed.is_initialized()):
-        return [payload]
-    gathered = [None] * distributed.get_world_size() if distributed.get_rank() == 0 else None
-    distributed.gather_object(payload, gathered, dst=0)
-    return gathered
-
-
-def _merge_ranks(gathered: list[Any]) -> tuple:
-    """Merge every rank's host parts as the chunks of one step are merged (ranks in order)."""
-    stage_parts: dict[str, list[HostPart]] = {}
-    group_totals: np.ndarray | None = None
-    estimator_metrics: dict[str, float] = {}
-    estimators: list[str] = []
-    sources: list[str | None] = []
-    for parts, totals, metrics, names, rank_sources in gathered:
-        for stage, host_parts in parts.items():
-            stage_parts.setdefault(stage, []).extend(host_parts)
-        if totals is not None:
-            group_totals = totals.copy() if group_totals is None else merge_group_counts(group_totals, totals)
-        for key, value in metrics.items():
-            estimator_metrics.setdefault(key, value)  # rank 0's value first
-        estimators += names
-        sources += rank_sources
-    return stage_parts, group_totals, estimator_metrics, estimators, sources
-
-
-def _combined_source(pre_norm_sources: list[str | None]) -> str | None:
-    sources = set(pre_norm_sources) - {None}
-    if not sources:
-        return None
-    return sources.pop() if len(sources) == 1 else "mixed"
 
 
 def _numeric_metrics(metrics: dict[str, Any], problems: list[Problem]) -> dict[str, float | torch.Tensor]:
@@ -731,67 +641,6 @@ def _internal_problem(exc: BaseException) -> Problem:
     return Problem("internal", f"internal error {type(exc).__name__}: {exc}")
 
 
-#: Longest run id (in UTF-8 bytes): file systems allow 255 per name, suffixes need the rest.
-MAX_RUN_BYTES = 200
-
-
-def _checked_run(run: Any) -> str:
-    if not isinstance(run, str) or not run.strip():
-        raise AdvmonConfigError(f"run must be a non-empty string, got {run!r}")
-    if any(c in run for c in "/\\\0") or run in {".", ".."}:
-        raise AdvmonConfigError(f"run {run!r} must not contain path separators (it names the JSONL file)")
-    if len(run.encode("utf-8")) > MAX_RUN_BYTES:
-        # It names files ("<run>.rank<N>.jsonl"): longer names fail on every write later.
-        raise AdvmonConfigError(
-            f"run names a file, so it must be at most {MAX_RUN_BYTES} bytes; got {len(run.encode('utf-8'))} "
-            f"({run[:40]!r}...)"
-        )
-    return run
-
-
-def _alert_sink(alerts: Sequence[Any], thresholds: Mapping[str, float] | None) -> SinkLike:
-    from advmon.alerts.sink import AlertSink
-    from advmon.sinks.specs import notifiers_from_specs
-
-    if isinstance(alerts, (str, bytes)) or not isinstance(alerts, Sequence):
-        raise AdvmonConfigError(f"alerts must be a list of notifier specs or notifiers, got {type(alerts).__name__}")
-    specs = [a for a in alerts if isinstance(a, str)]
-    objects = [a for a in alerts if not isinstance(a, str)]
-    for notifier in objects:
-        if not callable(getattr(notifier, "send", None)):
-            raise AdvmonConfigError(f"{notifier!r} is not a notifier: it has no send(message) method")
-    return AlertSink([*notifiers_from_specs(specs), *objects], thresholds)
-
-
-def _checked_sinks(sinks: Sequence[SinkLike | str], run: str) -> list[SinkLike]:
-    if isinstance(sinks, (str, bytes)) or not isinstance(sinks, Sequence):
-        raise AdvmonConfigError(f"sinks must be a list of sinks or sink specs, got {type(sinks).__name__}")
-    for sink in sinks:
-        if isinstance(sink, str):
-            parse_spec(sink)  # every error before any sink starts a server
-        elif not callable(getattr(sink, "write", None)):
-            raise AdvmonConfigError(f"{sink!r} is not a sink: it has no write(record) method")
-    return [sink_from_spec(s, run) if isinstance(s, str) else s for s in sinks]
-
-
-def _checked_policy(queue_size: Any, retries: Any) -> DeliveryPolicy:
-    for name, value, least in (("queue_size", queue_size, 1), ("retries", retries, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise AdvmonConfigError(f"{name} must be an int >= {least}, got {value!r}")
-    return DeliveryPolicy(capacity=queue_size, retries=retries)
-
-
-def global_rank() -> int:
-    """This process's global rank: ``torch.distributed`` if initialized, else ``RANK``, else 0."""
-    distributed = getattr(torch, "distributed", None)
-    if distributed is not None and distributed.is_available() and distributed.is_initialized():
-        return int(distributed.get_rank())
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
-
-
 #: Kept for compatibility: interpreter exit is :func:`advmon.lifecycle.close_all`.
 close_live_monitors = lifecycle.close_all
 
@@ -808,18 +657,6 @@ def _weak_warner(monitor: Monitor) -> Callable[[str, str], None]:
             warn(f"advmon: {message} [{kind}]")
 
     return warn_sink
-
-
-def _checked_range(reward_range: Any) -> tuple[float, float] | None:
-    if reward_range is None:
-        return None
-    try:
-        low, high = (float(v) for v in reward_range)
-    except (TypeError, ValueError):
-        raise AdvmonConfigError(f"reward_range must be (lo, hi), got {reward_range!r}") from None
-    if not (math.isfinite(low) and math.isfinite(high) and low < high):
-        raise AdvmonConfigError(f"reward_range must be finite with lo < hi, got {reward_range!r}")
-    return (low, high)
 
 
 def get_monitor() -> Monitor:

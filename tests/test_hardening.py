@@ -393,3 +393,32 @@ def test_a_backlog_drains_to_mlflow_in_batches(tmp_path):
     assert sum(calls) == 300 and len(calls) <= 6  # the backlog went in batches of up to 100 records
     (run,) = MlflowClient(store).search_runs(["0"])
     assert len(MlflowClient(store).get_metric_history(run.info.run_id, "rewards/mean")) == 300
+
+
+def test_a_wandb_directory_that_cannot_be_written_is_refused_at_once(tmp_path, monkeypatch):
+    """Regression: W&B silently replaced a directory it could not write with a temporary one."""
+    import os
+
+    pytest.importorskip("wandb")
+    from advmon.sinks.wandb import WandbSink
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    try:
+        if os.access(locked, os.W_OK):  # root ignores permissions: a file is never a directory though
+            cases = [a_file]
+        else:
+            cases = [locked, locked / "deeper", a_file]
+        for directory in cases:
+            with pytest.raises(advmon.AdvmonConfigError, match="W&B cannot write to .*silently write under"):
+                advmon.Monitor("wb", sinks=[WandbSink(dir=str(directory))])
+        monkeypatch.setenv("WANDB_DIR", str(a_file))
+        with pytest.raises(advmon.AdvmonConfigError, match="WANDB_DIR"):
+            WandbSink()
+        monkeypatch.delenv("WANDB_DIR")
+        WandbSink(dir=str(tmp_path / "new" / "dir"))  # creatable: fine
+    finally:
+        locked.chmod(0o700)

@@ -85,7 +85,6 @@ def render_board(
     start = end - range_seconds
     step = max(1.0, range_seconds / 240)
     rate_interval = f"{max(4 * int(step), 4)}s"  # Grafana's rule: at least 4 x the step
-    panels = {p["title"]: p for p in board["panels"]}
     queries = [q for q in board_queries(board) if q.kind != "annotation"]
     height = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in board["panels"])
     figure = plt.figure(figsize=(24 * 0.75, height * 0.45), dpi=80)

@@ -16,9 +16,12 @@ Advantage keys get min/max/last summaries.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from advmon.errors import AdvmonConfigError
 from advmon.record import Record
 from advmon.sinks.base import Sink, require
 
@@ -26,6 +29,23 @@ __all__ = ["WandbSink"]
 
 STEP_KEY = "advmon/step"
 _STEPPED = ("rewards/*", "groups/*", "estimator/*", "advmon/internal_errors", "advmon/sink_errors/*", "advmon/dropped_records/*")
+
+
+def _check_writable(directory: str | os.PathLike[str] | None) -> None:
+    """W&B quietly writes elsewhere (a temporary directory) when it cannot write where asked: refuse early."""
+    if directory is None:
+        return
+    path = Path(directory)
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent  # the nearest existing ancestor must let W&B create the rest
+    if not os.access(probe, os.W_OK | os.X_OK) or (probe == path and not path.is_dir()):
+        import tempfile
+
+        raise AdvmonConfigError(
+            f"W&B cannot write to {path} ({'not a directory' if probe == path and not path.is_dir() else 'no write permission'}); "
+            f"it would silently write under {tempfile.gettempdir()} instead. Pass a writable dir= or set WANDB_DIR."
+        )
 
 
 class WandbSink(Sink):
@@ -48,6 +68,7 @@ class WandbSink(Sink):
         self, project: str | None = None, run: Any = None, join_active_run: bool = True, **init_kwargs: Any
     ) -> None:
         self._wandb = require("wandb", "wandb")
+        _check_writable(init_kwargs.get("dir") or os.environ.get("WANDB_DIR"))
         self.project = project
         self.join_active_run = join_active_run
         self.init_kwargs = init_kwargs

@@ -1,0 +1,142 @@
+"""A step's record, assembled: its calls' parts cross to the host once and are merged.
+
+:class:`StepParts` holds what one process recorded for a step after the transfer;
+:func:`collect` builds it from the calls, :func:`gather_ranks` merges every rank's
+on rank 0 (``Monitor(reduce="ranks")``), and :func:`assemble` finishes the record's
+metrics. The monitor owns when this happens; this module owns how.
+
+Example:
+    >>> parts = StepParts()
+    >>> parts.is_empty, combined_source(["tap", "derived"])
+    (True, 'mixed')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from advmon.groups import merge_group_counts
+from advmon.observation import CallParts, Problem
+from advmon.record import REWARD_KEYS, group_metrics, stage_metrics
+from advmon.stats import HostPart, pack, summarize
+
+__all__ = ["CORE_STAGES", "StepParts", "assemble", "collect", "combined_source", "gather_ranks", "record_problems"]
+
+#: Stages whose keys every record carries, in this order.
+CORE_STAGES = ("pre_norm", "post_norm")
+
+
+@dataclass
+class StepParts:
+    """One step's parts on the host: per-stage value parts, group counts, estimator metrics."""
+
+    stages: dict[str, list[HostPart]] = field(default_factory=dict)
+    group_totals: np.ndarray | None = None
+    estimator_metrics: dict[str, float] = field(default_factory=dict)
+    estimators: list[str] = field(default_factory=list)
+    sources: list[str | None] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.stages and self.group_totals is None
+
+    def merge(self, other: StepParts) -> None:
+        """Add another process's (or chunk's) parts, as the chunks of one step are merged."""
+        for stage, parts in other.stages.items():
+            self.stages.setdefault(stage, []).extend(parts)
+        if other.group_totals is not None:
+            self.group_totals = (
+                other.group_totals.copy() if self.group_totals is None
+                else merge_group_counts(self.group_totals, other.group_totals)
+            )
+        for key, value in other.estimator_metrics.items():
+            self.estimator_metrics.setdefault(key, value)  # the first (rank 0's) value wins
+        self.estimators += other.estimators
+        self.sources += other.sources
+
+
+def collect(calls: Sequence[CallParts]) -> StepParts:
+    """This process's parts of a step, on the host after one transfer."""
+    tensors: list[torch.Tensor] = []
+    for call in calls:
+        for parts in call.stages.values():
+            for part in parts:
+                tensors.extend(part.tensors)
+        if call.groups is not None:
+            tensors.append(call.groups)
+        tensors.extend(v for v in call.estimator_metrics.values() if isinstance(v, torch.Tensor))
+    arrays = iter(pack(tensors))  # the record's one crossing to the host
+
+    step = StepParts()
+    for call in calls:
+        for stage, parts in call.stages.items():
+            for part in parts:
+                host = HostPart(part.kind, tuple(next(arrays) for _ in part.tensors))
+                step.stages.setdefault(stage, []).append(host)
+        if call.groups is not None:
+            counts = next(arrays)
+            step.group_totals = counts.copy() if step.group_totals is None else merge_group_counts(step.group_totals, counts)
+        for key, value in call.estimator_metrics.items():
+            number = float(next(arrays)[0]) if isinstance(value, torch.Tensor) else float(value)
+            step.estimator_metrics[f"estimator/{key}"] = number
+        step.estimators.append(call.estimator)
+        step.sources.append(call.pre_norm_source)
+    return step
+
+
+def gather_ranks(local: StepParts) -> StepParts | None:
+    """Every rank's parts merged on rank 0 (``None`` on the others); ``local`` without torch.distributed.
+
+    One ``gather_object`` per step (a size exchange, then the gather).
+    """
+    distributed = torch.distributed
+    if not (distributed.is_available() and distributed.is_initialized()):
+        return local
+    gathered = [None] * distributed.get_world_size() if distributed.get_rank() == 0 else None
+    distributed.gather_object(local, gathered, dst=0)
+    if gathered is None:
+        return None
+    merged = StepParts()
+    for parts in gathered:
+        merged.merge(parts)  # ranks in order
+    return merged
+
+
+def summaries_of(step: StepParts) -> dict[str, dict[str, float]]:
+    return {stage: summarize(parts) for stage, parts in step.stages.items()}
+
+
+def record_problems(summaries: dict[str, dict[str, float]], step: StepParts) -> list[Problem]:
+    """Problems only the whole step shows (a mask that selected nothing)."""
+    post = summaries.get("post_norm")
+    if post is None or post["count"] > 0:
+        return []
+    entries = sum(p.arrays[0].size if p.kind == "exact" else 1 for p in step.stages["post_norm"])
+    if entries == 0:
+        return []
+    return [Problem("empty_mask", "the mask selects no position: post-normalization statistics are empty")]
+
+
+def assemble(summaries: dict[str, dict[str, float]], step: StepParts,
+             reward_range: tuple[float, float] | None) -> dict[str, float]:
+    """The record's metrics, in their documented order (advmon's own counters are added by the monitor)."""
+    metrics = stage_metrics("rewards", summaries.get("rewards", {}), REWARD_KEYS)
+    extra_stages = sorted(set(summaries) - set(CORE_STAGES) - {"rewards"})
+    for stage in (*CORE_STAGES, *extra_stages):
+        metrics.update(stage_metrics(f"advantages/{stage}", summaries.get(stage, {})))
+    totals = None if step.group_totals is None else step.group_totals.tolist()
+    metrics.update(group_metrics(totals, reward_range))
+    metrics.update(step.estimator_metrics)
+    return metrics
+
+
+def combined_source(pre_norm_sources: Sequence[str | None]) -> str | None:
+    """``tap``/``derived`` when the step's calls agree, ``mixed`` when not, ``None`` without any."""
+    sources = set(pre_norm_sources) - {None}
+    if not sources:
+        return None
+    return sources.pop() if len(sources) == 1 else "mixed"
