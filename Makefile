@@ -41,9 +41,10 @@ install: $(DEV_STAMP)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# The demo draws its report and comparison with matplotlib (advmon[dashboards]).
 $(CORE_STAMP): pyproject.toml | $(PY)
 	$(PIP) install --quiet $(TORCH_PIN)
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet $(TORCH_PIN) -e '.[dashboards]'
 	touch $@
 
 $(DEV_STAMP): pyproject.toml $(CORE_STAMP)

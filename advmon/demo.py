@@ -153,7 +153,10 @@ def run_demo(config: DemoConfig) -> str:
         "Alerts: the catalog of advmon/rules.py, evaluated as `advmon alerts check advmon-runs/*.jsonl` does;\n"
         "`advmon alerts generate` writes the same rules for Prometheus and Alertmanager (alerts/)."
     )
-    sections.append(_report_and_comparison(config))
+    try:
+        sections.append(_report_and_comparison(config))
+    except ModuleNotFoundError as exc:  # plots need matplotlib: the summaries stand on their own
+        sections.append(f"(no HTML report: {exc.name} is missing; pip install 'advmon[dashboards]')")
     return "\n\n".join(sections)
 
 
