@@ -29,6 +29,7 @@ test: $(DEV_STAMP) services
 # The never-raise / never-lose / never-leak tests (docs/reliability.md); make test runs them too.
 reliability: $(DEV_STAMP) services
 	$(PY) -m pytest tests/test_hardening.py tests/test_secrets.py tests/test_emitter.py tests/test_jsonl_cli_demo.py
+	$(PY) benchmarks/reliability.py --calls 5000
 
 bench: $(DEV_STAMP)
 	$(PY) benchmarks/bench_stats.py

@@ -163,8 +163,9 @@ def tensor_part(values: torch.Tensor, mask: torch.Tensor | None) -> Part:
         else:
             weights = row_valid_counts(mask)
         return value_part(per_row, weights)
-    flat = values.reshape(rows, -1)
-    return dense_part(flat, None if mask is None else mask.reshape(rows, -1))
+    width = values[0].numel() if rows else 0  # reshape(0, -1) is ambiguous for an empty batch
+    flat = values.reshape(rows, width)
+    return dense_part(flat, None if mask is None else mask.reshape(rows, width))
 
 
 def _sequence_rewards(rewards: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

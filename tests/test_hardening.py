@@ -422,3 +422,29 @@ def test_a_wandb_directory_that_cannot_be_written_is_refused_at_once(tmp_path, m
         WandbSink(dir=str(tmp_path / "new" / "dir"))  # creatable: fine
     finally:
         locked.chmod(0o700)
+
+
+def test_an_empty_batch_with_token_columns_is_the_documented_problem_not_an_internal_error():
+    """Found by benchmarks/reliability.py: masks of shape [0, T] broke a reshape."""
+    monitor = advmon.Monitor("empty", sinks=[], strict=True)
+    watched = monitor.watch(lambda prompt_ids, rewards, mask: torch.zeros(mask.shape))
+    with pytest.raises(advmon.AdvmonError, match="the batch is empty"):
+        watched(torch.zeros(0, dtype=torch.long), torch.zeros(0), torch.ones(0, 17))
+    monitor.close()
+
+
+def test_the_reliability_run_finds_nothing_at_ci_size():
+    """benchmarks/reliability.py at a size that fits CI (make reliability runs 5,000 calls)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "reliability.py"
+    spec = importlib.util.spec_from_file_location("reliability", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    figures = module.run_hostile(500, seed=1)
+    assert figures["exceptions escaped"] == 0 and figures["results not the same object"] == 0
+    faults = module.run_faults(seed=1, records=120)
+    assert faults["lost from the JSONL file"] == 0
+    assert faults["records the flaky sink neither took nor counted"] == 0
+    assert faults["records lost after SIGKILL and resume"] == 0
