@@ -12,8 +12,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
@@ -51,6 +49,7 @@ from advmon.sinks.base import SinkLike
 from advmon.sinks.jsonl import JsonlSink
 from advmon.sinks.specs import sinks_from_env
 from advmon.stats import Part
+from advmon.steps import StepTracker
 
 __all__ = ["Monitor", "get_monitor", "set_monitor"]
 
@@ -163,10 +162,7 @@ class Monitor:
                 "(add advmon.JsonlSink or 'jsonl:PATH')",
             )
         lifecycle.track(self)
-        self._next_step = 0
-        self._open_steps: set[_OpenStep] = set()  # steps open in any context, for close()
-        self._step_source = step_source
-        self._followed: tuple[int, list[CallParts]] | None = None
+        self._steps = StepTracker(self, step_source)
         self._internal_errors = 0
         self._last_record: Record | None = None
         self._closed = False
@@ -291,38 +287,23 @@ class Monitor:
         """
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise AdvmonConfigError(f"step must be a non-negative int, got {step!r}")
-        current = self._step_in_context()
-        if current is not None:
-            raise AdvmonError(f"monitor.step({step}) inside monitor.step({current.step}): steps do not nest")
         # The step belongs to this context (thread, asyncio task): a call on another
         # thread is not silently folded into it. A worker pool joins on purpose by
         # running its work in contextvars.copy_context() taken inside the block.
-        opened = _OpenStep(int(step))
-        token = _OPEN_STEPS.set((*_OPEN_STEPS.get(), (self, opened)))
-        with self._lock:
-            self._open_steps.add(opened)
-        failed = False
+        failed, opened = False, None
         try:
-            yield self
+            with self._steps.block(int(step)) as opened:
+                yield self
         except BaseException:
             failed = True
             raise
         finally:
-            _OPEN_STEPS.reset(token)
-            with self._lock:
-                self._open_steps.discard(opened)
-                calls, opened.calls, opened.closed = opened.calls, [], True
-                self._next_step = max(self._next_step, int(step) + 1)
-            if calls or self.reduce == "ranks":
-                # While the block's own exception propagates, advmon must not replace it.
-                # Across ranks, a rank with no call still takes part in the step's gather.
-                self._emit(int(step), calls, quiet=failed)
-
-    def _step_in_context(self) -> _OpenStep | None:
-        for monitor, opened in _OPEN_STEPS.get():
-            if monitor is self and not opened.closed:
-                return opened
-        return None
+            if opened is not None:
+                calls, opened.calls = opened.calls, []
+                if calls or self.reduce == "ranks":
+                    # While the block's own exception propagates, advmon must not replace it.
+                    # Across ranks, a rank with no call still takes part in the step's gather.
+                    self._emit(int(step), calls, quiet=failed)
 
     @property
     def last_metrics(self) -> dict[str, float]:
@@ -357,13 +338,8 @@ class Monitor:
             if self._closed:
                 return
             self._closed = True
-            still_open = list(self._open_steps)
-            for opened in still_open:
-                opened.closed = True
-        for opened in sorted(still_open, key=lambda o: o.step):
-            calls, opened.calls = opened.calls, []
-            if calls:
-                self._emit(opened.step, calls)
+        for step, calls in self._steps.close_all():
+            self._emit(step, calls)
         self._emit_followed()
         self._finalizer.detach()
         undelivered = self._delivery.close(self.close_timeout if timeout is None else timeout)
@@ -475,41 +451,18 @@ class Monitor:
     # ------------------------------------------------------------------ records
 
     def _add(self, parts: CallParts) -> None:
-        opened = self._step_in_context()
-        if opened is None and self._step_source is not None:
-            self._follow(parts)
-            return
-        with self._lock:
-            if opened is not None and not opened.closed:
-                opened.calls.append(parts)
-                return
-            step = self._next_step
-            self._next_step += 1
-        self._emit(step, [parts])
-
-    def _follow(self, parts: CallParts) -> None:
-        """Aggregate by the step ``step_source`` gives; emit a step when the next begins."""
         try:
-            step = int(self._step_source())  # type: ignore[misc]
-        except Exception as exc:  # noqa: BLE001 - the user's callable failed
+            complete = self._steps.place(parts)
+        except Exception as exc:  # noqa: BLE001 - the user's step_source failed
             self._report([Problem("step_source", f"step_source failed: {type(exc).__name__}: {exc}")])
             return
-        with self._lock:
-            finished = None
-            if self._followed is not None and self._followed[0] != step:
-                finished, self._followed = self._followed, None
-            if self._followed is None:
-                self._followed = (step, [])
-            self._followed[1].append(parts)
-        if finished is not None:
-            self._emit(*finished)
+        for step, calls in complete:
+            self._emit(step, calls)
 
     def _emit_followed(self) -> None:
         """Emit the step a ``step_source`` monitor is still collecting, if any."""
-        with self._lock:
-            followed, self._followed = self._followed, None
-        if followed is not None:
-            self._emit(*followed)
+        for step, calls in self._steps.take_followed():
+            self._emit(step, calls)
 
     def _emit(self, step: int, calls: list[CallParts], quiet: bool = False) -> None:
         try:
@@ -587,17 +540,6 @@ class Monitor:
             )
 
 
-@dataclass(eq=False)
-class _OpenStep:
-    """A ``monitor.step(n)`` block in flight, and the calls it gathered."""
-
-    step: int
-    calls: list[CallParts] = field(default_factory=list)
-    closed: bool = False
-
-
-#: The steps open in this context, as (monitor, step) pairs.
-_OPEN_STEPS: ContextVar[tuple[tuple[Monitor, _OpenStep], ...]] = ContextVar("advmon_open_steps", default=())
 
 
 def _numeric_metrics(metrics: dict[str, Any], problems: list[Problem]) -> dict[str, float | torch.Tensor]:
