@@ -448,3 +448,49 @@ def test_the_reliability_run_finds_nothing_at_ci_size():
     assert faults["lost from the JSONL file"] == 0
     assert faults["records the flaky sink neither took nor counted"] == 0
     assert faults["records lost after SIGKILL and resume"] == 0
+
+
+def test_exit_is_bounded_when_the_wandb_server_never_answers(tmp_path):
+    """Regression: exit took 93 s when W&B was unreachable."""
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    pytest.importorskip("wandb")
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(50)
+    held = []
+
+    def swallow():  # accept connections and never answer
+        while True:
+            try:
+                held.append(hole.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=swallow, daemon=True).start()
+    script = tmp_path / "wb.py"
+    script.write_text(
+        "import torch, advmon\n"
+        "from advmon.sinks.wandb import WandbSink\n"
+        "m = advmon.Monitor('wb-unreachable', sinks=[advmon.JsonlSink('r.jsonl'), "
+        "WandbSink(project='p', join_active_run=False)])\n"
+        "m.observe(rewards=torch.ones(2))\n"
+    )
+    env = {**__import__("os").environ, "WANDB_MODE": "online", "WANDB_SILENT": "true",
+           "WANDB_BASE_URL": f"http://127.0.0.1:{hole.getsockname()[1]}", "WANDB_API_KEY": "a" * 40,
+           "ADVMON_EXIT_TIMEOUT": "3"}
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        hole.close()
+        for connection in held:
+            connection.close()
+    assert done.returncode == 0
+    assert time.monotonic() - started < 40
+    assert len(advmon.read_jsonl(tmp_path / "r.jsonl")) == 1
