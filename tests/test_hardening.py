@@ -494,3 +494,19 @@ def test_exit_is_bounded_when_the_wandb_server_never_answers(tmp_path):
     assert done.returncode == 0
     assert time.monotonic() - started < 40
     assert len(advmon.read_jsonl(tmp_path / "r.jsonl")) == 1
+
+
+def test_read_only_and_odd_arrays_are_summarised_silently():
+    """Regression: read-only arrays leaked torch's "non-writable" UserWarning to the user."""
+    values = np.array([1e8 + 0.125 * i for i in range(8)])
+    values.flags.writeable = False
+    swapped = np.array(values, dtype=">f8")
+    monitor = advmon.Monitor("silent", sinks=[])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for array in (values, swapped, values[::-1], values.astype(np.longdouble)):
+            monitor.observe(rewards=array, group_size=4)
+            assert monitor.last_metrics["rewards/mean"] == pytest.approx(float(values.mean()), rel=1e-15)
+    monitor.close()
+    assert [str(w.message) for w in caught] == []
+    assert monitor.internal_errors == 0
