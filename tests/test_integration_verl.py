@@ -93,7 +93,8 @@ def test_outputs_unchanged_one_record_per_call_statistics_equal_numpy(name, inst
     keys = list(data.non_tensor_batch["uid"])
     if name in advmon_verl._UNGROUPED_ESTIMATORS:
         assert record.metrics["groups/count"] == 0
-        assert_stats_close(record.metrics, value_stats(derived_pre_norm(rewards)), "advantages/pre_norm/")
+        if name != "gae":  # GAE's pre_norm is what it whitens (test_gae_pre_whitening_values_are_its_pre_norm)
+            assert_stats_close(record.metrics, value_stats(derived_pre_norm(rewards)), "advantages/pre_norm/")
     else:
         for key, value in group_stats(rewards, keys, (0.0, 1.0)).items():
             assert record.metrics[key] == pytest.approx(value, nan_ok=True), key
@@ -167,3 +168,25 @@ def test_step_comes_from_verls_counter():
         SkipManager.set_step(-1)
     assert [r.step for r in records] == [7, 8]
     assert records[0].metrics["rewards/count"] == 2 * 6 * GROUP
+
+
+def test_gae_pre_whitening_values_are_its_pre_norm(instrumented, monkeypatch):
+    import verl.utils.torch_functional as verl_functional
+
+    seen = []
+    advmon_verl.uninstrument()
+    original = verl_functional.masked_whiten
+
+    def spy(values, mask, *args, **kwargs):
+        seen.append((values.clone(), mask.clone()))
+        return original(values, mask, *args, **kwargs)
+
+    monkeypatch.setattr(verl_functional, "masked_whiten", spy)
+    advmon_verl.instrument(instrumented_monitor(instrumented))
+    run_estimator("gae")
+    (record,) = instrumented
+    (values, mask), = seen
+    assert record.pre_norm_source == "tap"
+    assert_stats_close(record.metrics, value_stats(values.numpy(), mask.numpy()), "advantages/pre_norm/")
+    advmon_verl.uninstrument()
+    assert verl_functional.masked_whiten is spy  # undo restores what was there

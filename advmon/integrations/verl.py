@@ -9,7 +9,8 @@ itself (so an estimator registered later is watched when it is looked up), with
 verl's argument names. :func:`uninstrument` puts everything back.
 
 Nested calls record once: GDPO's inner GRPO calls belong to the GDPO record.
-GAE has no groups (its rewards are token-level, summed per sequence). The step
+GAE has no groups (its rewards are token-level, summed per sequence); what it
+whitens at the end (the raw GAE advantages) is tapped as its pre_norm stage. The step
 is verl's own counter (``SkipManager.set_step(global_steps)``, set by both
 trainers in the process that computes advantages) via :func:`current_step`, or
 an explicit ``monitor.step(n)``.
@@ -28,7 +29,7 @@ import sys
 import threading
 from typing import Any
 
-from advmon.hooks import ArgumentNames, is_watched, watch_with
+from advmon.hooks import ArgumentNames, active_call, is_watched, tap, watch_with
 from advmon.monitor import Monitor, get_monitor, set_monitor
 
 __all__ = ["current_step", "instrument", "is_instrumented", "uninstrument"]
@@ -99,8 +100,26 @@ def instrument(monitor: Monitor | None = None) -> Monitor:
         get_adv_estimator_fn.__wrapped__ = original_lookup  # type: ignore[attr-defined]
         core_algos.get_adv_estimator_fn = get_adv_estimator_fn
         patched.append((core_algos, "get_adv_estimator_fn", original_lookup))
+        patched.append(_tap_gae_pre_whitening())
         _installed = {"monitor": monitor, "registry": saved_registry, "patched": patched, "later": later}
         return monitor
+
+
+def _tap_gae_pre_whitening() -> tuple[Any, str, Any]:
+    """GAE whitens its advantages over the batch at the end: record what it whitens as pre_norm."""
+    import verl.utils.torch_functional as verl_functional
+
+    original = verl_functional.masked_whiten
+
+    def masked_whiten(values, mask, *args, **kwargs):
+        call = active_call()
+        if call is not None and call.estimator.endswith("compute_gae_advantage_return"):
+            tap("pre_norm", values, mask)
+        return original(values, mask, *args, **kwargs)
+
+    masked_whiten.__wrapped__ = original  # type: ignore[attr-defined]
+    verl_functional.masked_whiten = masked_whiten
+    return (verl_functional, "masked_whiten", original)
 
 
 def _process_monitor() -> Monitor:
