@@ -95,16 +95,11 @@ def _reduce_worker(rank: int, world: int, port: int, workdir: str) -> None:
 def _single_process_records(world: int, tmp_path) -> list:
     import advmon
 
-    records = []
+    from .conftest import ListSink
 
-    class Keep(advmon.Sink):
-        name = "keep"
-        synchronous = True
-
-        def write(self, record):
-            records.append(record)
-
-    monitor = advmon.Monitor("single", sinks=[Keep()], reward_range=(0.0, 1.0))
+    sink = ListSink()
+    records = sink.records
+    monitor = advmon.Monitor("single", sinks=[sink], reward_range=(0.0, 1.0))
     watched = monitor.watch(_estimator)
     for step in range(2):
         with monitor.step(step):

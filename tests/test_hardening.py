@@ -157,16 +157,10 @@ def test_mlflow_tag_search_handles_every_quote(tmp_path, name):
 
 
 def keep_monitor(run: str = "ctx"):
-    records = []
+    from tests.conftest import ListSink
 
-    class Keep(advmon.Sink):
-        name = "keep"
-        synchronous = True
-
-        def write(self, record):
-            records.append(record)
-
-    return advmon.Monitor(run, sinks=[Keep()]), records
+    sink = ListSink()
+    return advmon.Monitor(run, sinks=[sink]), sink.records
 
 
 def test_a_call_on_another_thread_does_not_join_the_training_threads_step():
@@ -255,6 +249,7 @@ def test_monitors_never_closed_leak_no_thread_and_no_file(tmp_path):
     import gc
     import os
     import threading
+    import time
 
     class Background(advmon.Sink):
         name = "background"
@@ -262,21 +257,29 @@ def test_monitors_never_closed_leak_no_thread_and_no_file(tmp_path):
         def write(self, record):
             pass
 
-    def open_files() -> int:
-        return len(os.listdir("/proc/self/fd"))
+    def advmon_threads() -> int:
+        return sum(1 for t in threading.enumerate() if t.name.startswith("advmon-sink-leak"))
 
-    gc.collect()
-    threads, files = threading.active_count(), open_files()
+    def open_run_files() -> int:
+        links = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        return sum(1 for link in links if link.startswith(str(tmp_path)))
+
     for i in range(20):
         monitor = advmon.Monitor(f"leak-{i}", sinks=[advmon.JsonlSink(tmp_path / f"{i}.jsonl"), Background()])
+        monitor._delivery.workers[0]._thread.name = f"advmon-sink-leak-{i}"  # to count this test's threads only
         monitor.observe(rewards=torch.ones(2))
         del monitor
     gc.collect()
-    deadline = __import__("time").monotonic() + 10
-    while threading.active_count() > threads and __import__("time").monotonic() < deadline:
-        __import__("time").sleep(0.05)
-    assert threading.active_count() <= threads
-    assert open_files() <= files
+    deadline = time.monotonic() + 10
+    while (advmon_threads() or open_run_files()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert advmon_threads() == 0
+    assert open_run_files() == 0
     assert all(len(advmon.read_jsonl(tmp_path / f"{i}.jsonl")) == 1 for i in range(20))  # nothing lost
 
 

@@ -9,6 +9,7 @@ import torch
 import advmon
 import advmon.lifecycle
 from tests.reference import assert_stats_close, derived_pre_norm, group_stats, value_stats
+from tests.conftest import ListSink
 from tests.services import require_module
 
 verl = require_module("verl")
@@ -57,18 +58,11 @@ def run_estimator(name: str, seed: int = 0) -> DataProto:
 
 @pytest.fixture
 def instrumented(tmp_path):
-    records = []
-
-    class Keep(advmon.Sink):
-        name = "keep"
-        synchronous = True
-
-        def write(self, record):
-            records.append(record)
-
-    monitor = advmon.Monitor("verl", sinks=[Keep()], reward_range=(0.0, 1.0))
+    sink = ListSink()
+    monitor = advmon.Monitor("verl", sinks=[sink], reward_range=(0.0, 1.0))
     advmon_verl.instrument(monitor)
-    yield records
+    sink.monitor = monitor  # for tests that instrument again
+    yield sink.records
     advmon_verl.uninstrument()
     monitor.close()
 
@@ -105,7 +99,7 @@ def test_outputs_unchanged_one_record_per_call_statistics_equal_numpy(name, inst
 def instrumented_monitor(records):
     # The fixture's monitor: the one whose sink fills ``records``.
     for monitor in advmon.lifecycle.live():
-        if any(getattr(s, "name", "") == "keep" for s in monitor.sinks) and not monitor.closed:
+        if any(getattr(s, "records", None) is records for s in monitor.sinks) and not monitor.closed:
             return monitor
     raise AssertionError("no monitor")
 
@@ -145,16 +139,9 @@ def test_estimators_registered_later_and_reregistration(instrumented):
 def test_step_comes_from_verls_counter():
     from verl.utils.skip.skip_manager import SkipManager
 
-    records = []
-
-    class Keep(advmon.Sink):
-        name = "keep"
-        synchronous = True
-
-        def write(self, record):
-            records.append(record)
-
-    monitor = advmon.Monitor("verl-steps", sinks=[Keep()], step_source=advmon_verl.current_step)
+    sink = ListSink()
+    records = sink.records
+    monitor = advmon.Monitor("verl-steps", sinks=[sink], step_source=advmon_verl.current_step)
     advmon_verl.instrument(monitor)
     try:
         for step in (7, 8):
