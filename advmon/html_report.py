@@ -53,13 +53,18 @@ def alert_rows(occurrences: Sequence[Occurrence]) -> list[AlertRow]:
     return sorted(rows.values(), key=lambda r: (order.get(r.severity, 3), r.first_step))
 
 
+def alert_spans(occurrences: Sequence[Occurrence]) -> list[tuple[int, int | None, str]]:
+    """Where critical and warning alerts were firing, as the plots shade them."""
+    return [(o.fired_step, o.resolved_step, o.severity) for o in occurrences if o.severity != "info"]
+
+
 def _figures(run: Run, occurrences: Sequence[Occurrence], progress: Progress) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    spans = [(o.fired_step, o.resolved_step, o.severity) for o in occurrences if o.severity != "info"]
+    spans = alert_spans(occurrences)
     svgs = []
     for panel in PANELS:
         figure, axes = plt.subplots(figsize=(7.5, 3.4), dpi=100)
@@ -162,7 +167,7 @@ def write_png(run: Run, out: Path, thresholds: Thresholds | None = None) -> Path
 
     occurrences = evaluate_records(run.records, thresholds)
     rows = alert_rows(occurrences)
-    spans = [(o.fired_step, o.resolved_step, o.severity) for o in occurrences if o.severity != "info"]
+    spans = alert_spans(occurrences)
     figure, grid = plt.subplots(3, 2, figsize=(15, 11), dpi=90)
     for axes, panel in zip(grid.flat, PANELS):
         draw_panel(axes, panel, [(run.name, run.records)], spans)

@@ -55,8 +55,6 @@ __all__ = ["Monitor", "get_monitor", "set_monitor"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-CORE_STAGES = assembly.CORE_STAGES  # kept for compatibility
-
 
 class Monitor:
     """Records advantage, reward and group statistics of watched estimator calls.

@@ -131,7 +131,9 @@ def draw_panel(axes: Any, panel: Panel, runs: Sequence[tuple[str, Sequence[Any]]
         _scale(axes)
         axes.legend(fontsize=7, loc="best", ncol=2, framealpha=0.7)
         if panel.percent:
-            axes.yaxis.set_major_formatter(__import__("matplotlib.ticker").ticker.PercentFormatter(1.0))
+            from matplotlib.ticker import PercentFormatter
+
+            axes.yaxis.set_major_formatter(PercentFormatter(1.0))
     else:
         axes.text(0.5, 0.5, "no data", ha="center", va="center", transform=axes.transAxes, color="grey")
     return drawn

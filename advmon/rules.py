@@ -40,6 +40,9 @@ __all__ = [
     "THRESHOLDS",
     "Finding",
     "PromContext",
+    "Window",
+    "abs_max_of",
+    "format_number",
     "Rule",
     "Severity",
     "Threshold",
@@ -307,13 +310,9 @@ class Window(list):
         return cached
 
 
-def _trailing(window: Sequence[RecordLike], key: str, thresholds: Thresholds) -> tuple[float, int]:
+def _trailing(window: Window, key: str, thresholds: Thresholds) -> tuple[float, int]:
     """Median of ``key`` over the trailing window (current record included) and its sample count."""
-    records = thresholds.records("trailing_records")
-    if isinstance(window, Window):
-        return window.trailing(key, records)
-    recent = window[-records:]
-    return _go_quantile(0.5, [_get(r, key) for r in recent]), len(recent)
+    return window.trailing(key, thresholds.records("trailing_records"))
 
 
 def _nonfinite(record: RecordLike, prefix: str) -> float:
@@ -321,19 +320,22 @@ def _nonfinite(record: RecordLike, prefix: str) -> float:
     return sum(c for c in counts if not math.isnan(c))
 
 
-def _abs_max(record: RecordLike) -> float:
-    ends = [abs(_get(record, f"advantages/post_norm/{end}")) for end in ("min", "max")]
-    finite = [e for e in ends if not math.isnan(e)]
+def abs_max_of(metrics: Mapping[str, float | None], stage: str = "post_norm") -> float:
+    """``max(|min|, |max|)`` of a stage (``nan`` if neither is known): ``advmon_advantage_abs_max``.
+
+    (:func:`advmon.record.abs_max` is the exporter's twin; this module stays free of torch.)
+    """
+    ends = [metrics.get(f"advantages/{stage}/{end}") for end in ("min", "max")]
+    finite = [abs(e) for e in ends if e is not None and not math.isnan(e)]
     return max(finite) if finite else math.nan
 
 
-def _counter_increase(window: Sequence[RecordLike], prefix: str) -> list[Finding]:
+def _counter_increase(window: Window, prefix: str) -> list[Finding]:
     """Per-sink increase of a cumulative ``prefix/<sink>`` counter since the previous record."""
     current = window[-1]
     previous = window[-2] if len(window) > 1 else None
     findings = []
-    keys = window.keys_with(prefix) if isinstance(window, Window) else [k for k in current.metrics if k.startswith(prefix)]
-    for key in keys:
+    for key in window.keys_with(prefix):
         value = current.metrics[key]
         if value is None or math.isnan(value):
             continue
@@ -422,7 +424,7 @@ def _counter_step(ctx: PromContext, name: str, **labels: str) -> str:
 # --------------------------------------------------------------------------- rules
 
 
-Evaluate = Callable[[Sequence[RecordLike], Thresholds], list[Finding]]
+Evaluate = Callable[[Window, Thresholds], list[Finding]]
 PromQL = Callable[[Thresholds, PromContext], str]
 
 
@@ -451,7 +453,7 @@ class Rule:
 
     def render_description(self, run: str, value: float, step: int, labels: Mapping[str, str], thresholds: Thresholds) -> str:
         """The description as the in-process notifiers send it."""
-        numbers = {name: _number(v) for name, v in thresholds.items()}
+        numbers = {name: format_number(v) for name, v in thresholds.items()}
         return self.description.format(run=run, value=_format_value(value), step=step, **dict(labels), **numbers)
 
 
@@ -468,7 +470,7 @@ def _single(active: bool, value: float) -> list[Finding]:
     return [Finding(active, value)]
 
 
-def _eval_nonfinite_rewards(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+def _eval_nonfinite_rewards(window: Window, t: Thresholds) -> list[Finding]:
     count = _nonfinite(window[-1], "rewards")
     return _single(count > 0, count)
 
@@ -480,14 +482,14 @@ def _prom_nonfinite(stage: str) -> PromQL:
     return promql
 
 
-def _eval_nonfinite_advantages(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+def _eval_nonfinite_advantages(window: Window, t: Thresholds) -> list[Finding]:
     count = _nonfinite(window[-1], "advantages/post_norm")
     return _single(count > 0, count)
 
 
-def _eval_group_bound(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+def _eval_group_bound(window: Window, t: Thresholds) -> list[Finding]:
     record = window[-1]
-    value = _abs_max(record)
+    value = abs_max_of(record.metrics)
     bound = group_bound(_get(record, "groups/max_size"), t["group_bound_factor"])
     limit = t["ungrouped_abs_max"] if math.isnan(bound) else bound
     return _single(value > limit, value)
@@ -497,8 +499,8 @@ def bound_promql(t: Thresholds, ctx: PromContext) -> str:
     """The per-run bound on |A| as PromQL: the group bound where a step has groups, else ``ungrouped_abs_max``."""
     size = ctx.metric("advmon_group_max_size")
     grouped = f"({size} >= 2)"
-    fallback = f"({_number(t['ungrouped_abs_max'])} + 0 * {ctx.metric('advmon_updates_total')})"
-    return f"(({_number(t['group_bound_factor'])} * {grouped} / sqrt({grouped} - 1)) or on (job, instance, run) {fallback})"
+    fallback = f"({format_number(t['ungrouped_abs_max'])} + 0 * {ctx.metric('advmon_updates_total')})"
+    return f"(({format_number(t['group_bound_factor'])} * {grouped} / sqrt({grouped} - 1)) or on (job, instance, run) {fallback})"
 
 
 def _prom_group_bound(t: Thresholds, ctx: PromContext) -> str:
@@ -506,19 +508,19 @@ def _prom_group_bound(t: Thresholds, ctx: PromContext) -> str:
     return f"{abs_max} > {bound_promql(t, ctx)}"
 
 
-def _eval_zero_std(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+def _eval_zero_std(window: Window, t: Thresholds) -> list[Finding]:
     ratio = _get(window[-1], "groups/zero_std_fraction")
     return _single(ratio > t["zero_std_ratio"], ratio)
 
 
 def _prom_zero_std(t: Thresholds, ctx: PromContext) -> str:
-    return f"{ctx.metric('advmon_zero_std_group_ratio')} > {_number(t['zero_std_ratio'])}"
+    return f"{ctx.metric('advmon_zero_std_group_ratio')} > {format_number(t['zero_std_ratio'])}"
 
 
 def _relative(key: str, compare: Callable[[float, Thresholds], bool]) -> Evaluate:
     """Current value over its trailing median, once the run has enough history."""
 
-    def evaluate(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+    def evaluate(window: Window, t: Thresholds) -> list[Finding]:
         median, count = _trailing(window, key, t)
         ratio = _div(_get(window[-1], key), median)
         return _single(count >= t.records("min_history_records") and compare(ratio, t), ratio)
@@ -557,12 +559,12 @@ def _enough_history(t: Thresholds) -> str:
 def _prom_scale(compare: str, threshold: str) -> PromQL:
     def promql(t: Thresholds, ctx: PromContext) -> str:
         ratio = f"({ctx.stage_metric('advmon_advantage_std', 'pre_norm')} / {PRE_STD_MEDIAN})"
-        return f"{ratio} {compare} {_number(t[threshold])}{_enough_history(t)}"
+        return f"{ratio} {compare} {format_number(t[threshold])}{_enough_history(t)}"
 
     return promql
 
 
-def _eval_mean_drift(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+def _eval_mean_drift(window: Window, t: Thresholds) -> list[Finding]:
     key = "advantages/post_norm/mean"
     median, count = _trailing(window, key, t)
     drift = _get(window[-1], key) - median
@@ -572,11 +574,11 @@ def _eval_mean_drift(window: Sequence[RecordLike], t: Thresholds) -> list[Findin
 
 def _prom_mean_drift(t: Thresholds, ctx: PromContext) -> str:
     drift = f"({ctx.stage_metric('advmon_advantage_mean', 'post_norm')} - {POST_MEAN_MEDIAN})"
-    limit = _number(t["mean_drift"])
+    limit = format_number(t["mean_drift"])
     return f"({drift} > {limit} or {drift} < -{limit}){_enough_history(t)}"
 
 
-def _eval_reward_collapse(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+def _eval_reward_collapse(window: Window, t: Thresholds) -> list[Finding]:
     mean_median, count = _trailing(window, "rewards/mean", t)
     std_median, _ = _trailing(window, "rewards/std", t)
     drop = _div(mean_median - _get(window[-1], "rewards/mean"), std_median)
@@ -587,13 +589,13 @@ def _eval_reward_collapse(window: Sequence[RecordLike], t: Thresholds) -> list[F
 def _prom_reward_collapse(t: Thresholds, ctx: PromContext) -> str:
     drop = f"(({REWARD_MEAN_MEDIAN} - {ctx.metric('advmon_reward_mean')}) / {REWARD_STD_MEDIAN})"
     return (
-        f"{drop} > {_number(t['reward_drop_stds'])} and {REWARD_STD_MEDIAN} > 0"
+        f"{drop} > {format_number(t['reward_drop_stds'])} and {REWARD_STD_MEDIAN} > 0"
         f"{_enough_history(t)}"
     )
 
 
 def _prom_stale(t: Thresholds, ctx: PromContext) -> str:
-    return f"time() - {ctx.metric('advmon_last_update_timestamp_seconds')} > {_number(t['stale_seconds'])}"
+    return f"time() - {ctx.metric('advmon_last_update_timestamp_seconds')} > {format_number(t['stale_seconds'])}"
 
 
 def _prom_counter(name: str) -> PromQL:
@@ -603,14 +605,15 @@ def _prom_counter(name: str) -> PromQL:
     return promql
 
 
-def _eval_internal_errors(window: Sequence[RecordLike], t: Thresholds) -> list[Finding]:
+def _eval_internal_errors(window: Window, t: Thresholds) -> list[Finding]:
     current = _get(window[-1], "advmon/internal_errors")
     before = _get(window[-2], "advmon/internal_errors") if len(window) > 1 else 0.0
     increase = current - (0.0 if math.isnan(before) else before)
     return _single(increase > 0, increase)
 
 
-def _number(value: float) -> str:
+def format_number(value: float) -> str:
+    """A threshold as rules and messages print it: ``3`` for 3.0, ``0.8`` for 0.8."""
     return repr(int(value)) if value == int(value) else repr(value)
 
 

@@ -34,11 +34,8 @@ def generate(args: argparse.Namespace) -> int:
         runbook_base=args.runbook_base,
         dashboard_url=args.dashboard_url,
     )
-    routing = AlertmanagerSettings(dashboard_url=args.dashboard_url, channel=args.slack_channel)
-    if args.slack_webhook_file:
-        routing = AlertmanagerSettings(
-            webhook_file=args.slack_webhook_file, dashboard_url=args.dashboard_url, channel=args.slack_channel
-        )
+    webhook = {"webhook_file": args.slack_webhook_file} if args.slack_webhook_file else {}
+    routing = AlertmanagerSettings(dashboard_url=args.dashboard_url, channel=args.slack_channel, **webhook)
     for path in write_files(args.out, settings, routing):
         print(f"wrote {path}")
     return OK

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -120,11 +120,6 @@ class AlertEvaluator:
             events.extend(self._apply(rule, state, record, window))
         return events
 
-    def firing(self) -> list[AlertEvent]:
-        """The firing events of alerts still active."""
-        return [s.firing for run in self._runs.values() for by_labels in run.series.values()
-                for s in by_labels.values() if s.firing is not None]
-
     def _apply(self, rule: Rule, state: _RunState, record: RecordLike, window: Window) -> list[AlertEvent]:
         findings = rule.evaluate(window, self.thresholds)  # type: ignore[misc]
         events = []
@@ -210,10 +205,3 @@ def firing_by_step(
                 active.discard(key)
         states.append(set(active))
     return states
-
-
-def severity_counts(occurrences: Iterable[Occurrence]) -> Mapping[str, int]:
-    counts: dict[str, int] = {}
-    for occurrence in occurrences:
-        counts[occurrence.severity] = counts.get(occurrence.severity, 0) + 1
-    return counts

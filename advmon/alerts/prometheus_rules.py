@@ -22,7 +22,17 @@ from typing import Any
 
 import yaml
 
-from advmon.rules import CATALOG, PromContext, Rule, Thresholds, format_duration, group_bound, recording_rules
+from advmon.rules import (
+    CATALOG,
+    PromContext,
+    Rule,
+    Thresholds,
+    abs_max_of,
+    format_duration,
+    format_number,
+    group_bound,
+    recording_rules,
+)
 
 __all__ = ["AlertSettings", "dump_yaml", "prometheus_rules", "promtool_tests", "series_from_records"]
 
@@ -94,7 +104,7 @@ class AlertSettings:
         return f'{{{{ with printf `{selector}` $labels.run | query }}}}{{{{ . | first | value | printf "%.0f" }}}}{{{{ end }}}}'
 
     def annotations(self, rule: Rule) -> dict[str, str]:
-        numbers = {name: _number(value) for name, value in self.thresholds.items()}
+        numbers = {name: format_number(value) for name, value in self.thresholds.items()}
         labels = {label: f"{{{{ $labels.{label} }}}}" for label in rule.extra_labels}
         description = rule.description.format(
             run="{{ $labels.run }}", value='{{ $value | printf "%.4g" }}', step=self.step_query(), **labels, **numbers
@@ -107,10 +117,6 @@ class AlertSettings:
         if self.dashboard_url:
             annotations["dashboard_url"] = self.dashboard_url
         return annotations
-
-
-def _number(value: float) -> str:
-    return repr(int(value)) if value == int(value) else repr(value)
 
 
 def prometheus_rules(settings: AlertSettings) -> dict[str, Any]:
@@ -210,9 +216,7 @@ def series_from_records(
         for key, name, labels in _gauges():
             put(name, labels, i, metrics.get(key, math.nan))
         for stage in ("pre_norm", "post_norm"):
-            ends = [abs(metrics.get(f"advantages/{stage}/{e}", math.nan)) for e in ("min", "max")]
-            finite = [e for e in ends if not math.isnan(e)]
-            put("advmon_advantage_abs_max", {"stage": stage}, i, max(finite) if finite else math.nan)
+            put("advmon_advantage_abs_max", {"stage": stage}, i, abs_max_of(metrics, stage))
         put("advmon_step", {}, i, float(record.step))
         put("advmon_last_update_timestamp_seconds", {}, i, float(getattr(record, "time", 0.0)))
     return series
@@ -428,7 +432,7 @@ def _stale_test(rule: Rule, settings: AlertSettings) -> dict[str, Any]:
             {"series": series("advmon_step", "stopped-run"), "values": f"{step_query_value}x{samples}"},
             {
                 "series": series("advmon_last_update_timestamp_seconds", "healthy-run"),
-                "values": f"0+{_number(interval)}x{samples}",
+                "values": f"0+{format_number(interval)}x{samples}",
             },
         ],
         "alert_rule_test": [

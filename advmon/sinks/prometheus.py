@@ -57,13 +57,13 @@ class AdvmonCollector:
         self._updates = 0.0
         self._sinks = dict.fromkeys(sink_names)  # ordered set of sink names
 
-    def seed(self, counters: dict[tuple[str, tuple], float]) -> None:
-        """Start the accumulated counters from values already published (a continued run)."""
+    def continue_from(self, counters: dict[tuple[str, tuple], float]) -> None:
+        """Add counts already published for this run (a continued run) to the accumulated counters."""
         with self._lock:
-            self._updates = max(self._updates, counters.get(("advmon_updates", ()), 0.0))
+            self._updates += counters.get(("advmon_updates", ()), 0.0)
             for (stage, kind) in self._nonfinite:
                 key = ("advmon_nonfinite_values", (("kind", kind), ("stage", stage)))
-                self._nonfinite[(stage, kind)] = max(self._nonfinite[(stage, kind)], counters.get(key, 0.0))
+                self._nonfinite[(stage, kind)] += counters.get(key, 0.0)
 
     def set_sink_names(self, names: Sequence[str]) -> None:
         with self._lock:
@@ -246,15 +246,18 @@ class PushgatewaySink(_CollectorSink):
         self.job = job
         self.timeout = timeout
         self.delete_on_close = delete_on_close
-        self._last: Record | None = None
         username = username or url_user or os.environ.get("ADVMON_PUSHGATEWAY_USERNAME")
         password = password or url_password or _from_env_or_file("ADVMON_PUSHGATEWAY_PASSWORD")
         token = token or _from_env_or_file("ADVMON_PUSHGATEWAY_TOKEN")
         for secret in (password, token):
             remember_secret(secret)
-        self._handler = self._auth_handler(username, password, token)
+        # One Authorization header serves the pushes and the read of the group's counters.
         self._auth_headers = _auth_headers(username, password, token)
         self._seeded = False
+
+    def _handler(self, url, method, timeout, headers, data):  # noqa: ANN001 - prometheus-client's handler shape
+        extra = list(self._auth_headers.items())
+        return self._client.exposition.default_handler(url, method, timeout, [*headers, *extra], data)
 
     def _seed_from_gateway(self) -> None:
         """Continue the counters the gateway already holds for this run (a replay, a restarted
@@ -264,23 +267,7 @@ class PushgatewaySink(_CollectorSink):
             current = read_group_counters(self.url, self.job, self.collector.run, self._auth_headers, self.timeout)
         except Exception:  # noqa: BLE001 - no gateway yet, or none reachable: start from 0
             return
-        self.collector.seed(current)
-
-    def _auth_handler(self, username: str | None, password: str | None, token: str | None) -> Any:
-        client = self._client.exposition
-        if token:
-
-            def bearer(url, method, timeout, headers, data):  # noqa: ANN001 - prometheus-client's handler shape
-                return client.default_handler(url, method, timeout, [*headers, ("Authorization", f"Bearer {token}")], data)
-
-            return bearer
-        if username is not None and password is not None:
-
-            def basic(url, method, timeout, headers, data):  # noqa: ANN001
-                return client.basic_auth_handler(url, method, timeout, headers, data, username, password)
-
-            return basic
-        return client.default_handler
+        self.collector.continue_from(current)
 
     @property
     def grouping_key(self) -> dict[str, str]:
@@ -291,10 +278,8 @@ class PushgatewaySink(_CollectorSink):
         self._seeded = False
 
     def accept(self, record: Record) -> None:
-        """Count the record at once (on the training thread, in memory): a record the
+        """Count the record at once (on the training thread, in memory only): a record the
         queue drops later is still counted, so the pushed counters miss nothing."""
-        if not self._seeded:
-            self._seed_from_gateway()
         self.collector.update(record)
 
     def write(self, record: Record) -> None:
@@ -302,6 +287,8 @@ class PushgatewaySink(_CollectorSink):
         self.write_batch([record])
 
     def write_batch(self, records: Sequence[Record]) -> None:
+        if not self._seeded:  # on the delivery thread, before this sink's first push
+            self._seed_from_gateway()
         self._client.push_to_gateway(
             self.url, job=self.job, registry=self.registry, grouping_key=self.grouping_key, timeout=self.timeout,
             handler=self._handler,
