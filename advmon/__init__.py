@@ -35,6 +35,7 @@ __all__ = [
     "Monitor",
     "Record",
     "Sink",
+    "flush",
     "get_monitor",
     "instrument",
     "read_jsonl",
@@ -108,3 +109,15 @@ def instrument(
         1.0
     """
     return _instrument(target, monitor, method, _argument_names(argument_names))
+
+
+def flush(timeout: float | None = None) -> None:
+    """Flush every open monitor of this process: emit the step a ``step_source`` holds, and
+    wait (at most ``timeout`` seconds in all) for queued records to be delivered.
+
+    Call it before a process can be killed without warning (``ray.kill`` sends
+    SIGKILL, which no handler sees). SIGTERM and a normal exit flush by themselves.
+    """
+    import advmon.lifecycle as lifecycle
+
+    lifecycle.flush_all(timeout)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -78,71 +79,167 @@ def active_call() -> ActiveCall | None:
     return _ACTIVE.get()
 
 
-def _resolver(monitor: Monitor | None) -> Callable[[], Monitor | None]:
-    if monitor is not None:
-        return lambda: monitor
-    from advmon.lifecycle import default_monitor as get_monitor  # the process-wide one, looked up per call
+class Binding:
+    """Which monitor a wrapper records to; pickles as the run name, never as the monitor.
 
-    return get_monitor
+    ``monitor=None`` means the process-wide monitor. A wrapper that crossed to
+    another process (a Ray actor, a worker pool) resolves its monitor there, at
+    each call: the open monitor of the same run in that process, else the
+    process-wide one (built from ``ADVMON_*`` variables on first use).
+    """
+
+    __slots__ = ("monitor", "run")
+
+    def __init__(self, monitor: Monitor | None, run: str | None = None) -> None:
+        self.monitor = monitor
+        self.run = monitor.run if monitor is not None else run
+
+    def resolve(self) -> Monitor | None:
+        if self.monitor is not None:
+            return self.monitor
+        from advmon.lifecycle import default_monitor, monitor_of_run
+
+        found = monitor_of_run(self.run) if self.run is not None else None
+        return found if found is not None else default_monitor(self.run)
+
+    def matches(self, monitor: Monitor | None) -> bool:
+        if monitor is None:
+            return self.monitor is None and self.run is None
+        return self.monitor is monitor or (self.monitor is None and self.run == monitor.run)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Binding, (None, self.run))
+
+    def __repr__(self) -> str:
+        return f"Binding(run={self.run!r})" if self.run is not None else "Binding(process-wide)"
 
 
-def watch_with(fn: F, monitor: Monitor | None, names: ArgumentNames) -> F:
-    """Wrap ``fn`` so each call is recorded by ``monitor`` (``None``: the process-wide one)."""
-    resolve_monitor = _resolver(monitor)
-    try:
-        signature: inspect.Signature | None = inspect.signature(fn)
-    except (TypeError, ValueError):
-        signature = None
-    estimator = f"{getattr(fn, '__module__', None) or ''}.{getattr(fn, '__qualname__', repr(fn))}".lstrip(".")
+class WatchState:
+    """What a wrapper needs at each call; pickles as ``(fn, binding, names)``."""
 
-    def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActiveCall | None:
+    __slots__ = ("binding", "estimator", "fn", "names", "_signature")
+
+    def __init__(self, fn: Callable[..., Any], binding: Binding, names: ArgumentNames) -> None:
+        self.fn, self.binding, self.names = fn, binding, names
+        self.estimator = f"{getattr(fn, '__module__', None) or ''}.{getattr(fn, '__qualname__', repr(fn))}".lstrip(".")
+        self._signature: inspect.Signature | None | bool = False  # False: not looked up yet
+
+    @property
+    def signature(self) -> inspect.Signature | None:
+        if self._signature is False:
+            try:
+                self._signature = inspect.signature(self.fn)
+            except (TypeError, ValueError):
+                self._signature = None
+        return self._signature  # type: ignore[return-value]
+
+    def start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActiveCall | None:
         if _ACTIVE.get() is not None:
             # A watched estimator calling another one (or super()): the outer call
             # is the record, the inner one would count the same batch twice.
             return None
-        monitor = resolve_monitor()
+        monitor = self.binding.resolve()
         if monitor is None:
             return None
-        inputs, owner = _bind(signature, names, args, kwargs, fn)
-        return monitor.start_call(estimator, inputs, owner, names)
+        inputs, owner = _bind(self.signature, self.names, args, kwargs, self.fn)
+        return monitor.start_call(self.estimator, inputs, owner, self.names)
 
-    if inspect.iscoroutinefunction(fn):
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (WatchState, (self.fn, self.binding, self.names))
 
-        @functools.wraps(fn)
+
+def run_watched(state: WatchState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """One call of a synchronous wrapper."""
+    call = state.start(args, kwargs)
+    if call is None:
+        return state.fn(*args, **kwargs)
+    token = _ACTIVE.set(call)
+    try:
+        result = state.fn(*args, **kwargs)
+    finally:
+        _ACTIVE.reset(token)
+    call.monitor.finish_call(call, result)
+    return result
+
+
+async def run_watched_async(state: WatchState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """One call of an ``async def`` wrapper."""
+    call = state.start(args, kwargs)
+    if call is None:
+        return await state.fn(*args, **kwargs)
+    token = _ACTIVE.set(call)
+    try:
+        result = await state.fn(*args, **kwargs)
+    finally:
+        _ACTIVE.reset(token)
+    call.monitor.finish_call(call, result)
+    return result
+
+
+def watch_with(fn: F, monitor: Monitor | None, names: ArgumentNames) -> F:
+    """Wrap ``fn`` so each call is recorded by ``monitor`` (``None``: the process-wide one).
+
+    The wrapper is a plain function (it binds as a method and stays a coroutine
+    function for ``async def``) whose closure holds only a :class:`WatchState`,
+    and whose globals are this module's importable functions: cloudpickle sends
+    it by value without the monitor, plain pickle by reference where it is the
+    module's attribute.
+    """
+    return _wrapper(WatchState(fn, Binding(monitor), names))  # type: ignore[return-value]
+
+
+def _wrapper(state: WatchState) -> Callable[..., Any]:
+    if inspect.iscoroutinefunction(state.fn):
+
         async def watched_async(*args: Any, **kwargs: Any) -> Any:
-            call = start(args, kwargs)
-            if call is None:
-                return await fn(*args, **kwargs)
-            token = _ACTIVE.set(call)
-            try:
-                result = await fn(*args, **kwargs)
-            finally:
-                _ACTIVE.reset(token)
-            call.monitor.finish_call(call, result)
-            return result
+            return await run_watched_async(state, args, kwargs)
 
-        setattr(watched_async, _WATCHED, _target_key(monitor))
-        return watched_async  # type: ignore[return-value]
+        wrapper: Callable[..., Any] = watched_async
+    else:
 
-    @functools.wraps(fn)
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        call = start(args, kwargs)
-        if call is None:
-            return fn(*args, **kwargs)
-        token = _ACTIVE.set(call)
-        try:
-            result = fn(*args, **kwargs)
-        finally:
-            _ACTIVE.reset(token)
-        call.monitor.finish_call(call, result)
-        return result
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            return run_watched(state, args, kwargs)
 
-    setattr(watched, _WATCHED, _target_key(monitor))
-    return watched  # type: ignore[return-value]
+        wrapper = watched
+    functools.update_wrapper(wrapper, state.fn)
+    setattr(wrapper, _WATCHED, state)
+    return wrapper
 
 
-def _target_key(monitor: Monitor | None) -> object:
-    return "default" if monitor is None else monitor
+class BoundWatched:
+    """An instance's watched method: pickles with its instance, as ``(function, binding, names)``.
+
+    A bound method in the instance's ``__dict__`` would pickle as
+    ``getattr(instance, name)``, which runs before the instance's state is restored
+    and so finds the class's plain method: the copy would record nothing, silently.
+    This object pickles the class's function instead and wraps it again on arrival.
+    It looks like a function to :mod:`inspect` (signature, ``async def``).
+    """
+
+    def __init__(self, function: Callable[..., Any], instance: Any, binding: Binding, names: ArgumentNames) -> None:
+        self.__func__ = _wrapper(WatchState(function, binding, names))
+        self.__self__ = instance
+        self._function = function
+        self.__wrapped__ = types.MethodType(function, instance)
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(self, attribute, getattr(function, attribute, None))
+        # inspect.iscoroutinefunction reads these on a "function-like" object.
+        code = getattr(function, "__code__", None)
+        if code is not None:
+            self.__code__ = code
+            self.__defaults__ = getattr(function, "__defaults__", None)
+            self.__kwdefaults__ = getattr(function, "__kwdefaults__", None)
+            self.__annotations__ = getattr(function, "__annotations__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state: WatchState = getattr(self.__func__, _WATCHED)
+        return (BoundWatched, (self._function, self.__self__, state.binding, state.names))
+
+    def __repr__(self) -> str:
+        return f"<advmon-watched method {self.__qualname__} of {self.__self__!r}>"
 
 
 def _bind(
@@ -179,9 +276,11 @@ def _bind(
 
 def is_watched(fn: Any, monitor: Monitor | None | object = ...) -> bool:
     """Whether ``fn`` (or a bound method's function) is an advmon wrapper, for ``monitor`` if given."""
-    keys = [getattr(fn, _WATCHED, None), getattr(getattr(fn, "__func__", None), _WATCHED, None)]
-    keys = [k for k in keys if k is not None]
-    return bool(keys) if monitor is ... else _target_key(monitor) in keys
+    states = [getattr(fn, _WATCHED, None), getattr(getattr(fn, "__func__", None), _WATCHED, None)]
+    states = [s for s in states if isinstance(s, WatchState)]
+    if monitor is ...:
+        return bool(states)
+    return any(s.binding.matches(monitor) for s in states)  # type: ignore[arg-type]
 
 
 def instrument(target: Any, monitor: Monitor | None, method: str, names: ArgumentNames) -> Any:
@@ -189,28 +288,68 @@ def instrument(target: Any, monitor: Monitor | None, method: str, names: Argumen
 
     An instance whose class is watched by another monitor is wrapped again: the
     instance's wrapper is the outer call, so its monitor records and the class's
-    wrapper lets the call through.
+    wrapper lets the call through. An instrumented instance pickles with its
+    instrumentation; a class instrumented here reaches other processes through
+    ``advmon.integrations.ray.runtime_env()`` (see :func:`instrumented_classes`).
     """
+    _refuse_remote_class(target)
     if isinstance(target, type):
-        try:
-            raw = inspect.getattr_static(target, method)
-        except AttributeError:
-            raise AdvmonConfigError(f"{target.__qualname__} has no method {method!r}") from None
-        if isinstance(raw, (staticmethod, classmethod)):
-            if not is_watched(raw.__func__, monitor):
-                setattr(target, method, type(raw)(watch_with(raw.__func__, monitor, names)))
-        elif callable(raw):
-            if not is_watched(raw, monitor):
-                setattr(target, method, watch_with(raw, monitor, names))
-        else:
-            raise AdvmonConfigError(f"{target.__qualname__}.{method} is not callable")
-        return target
+        return _instrument_class(target, monitor, method, names)
     bound = getattr(target, method, None)
     if bound is None or not callable(bound):
         raise AdvmonConfigError(f"{type(target).__qualname__} object has no method {method!r}")
-    if not is_watched(bound, monitor):
+    if is_watched(bound, monitor):
+        return target
+    try:
+        raw = inspect.getattr_static(type(target), method)
+    except AttributeError:
+        raw = None
+    owned = method in getattr(target, "__dict__", {})
+    if inspect.isfunction(raw) and not owned and getattr(bound, "__self__", None) is target:
+        setattr(target, method, BoundWatched(raw, target, Binding(monitor), names))
+    else:  # a callable attribute, a staticmethod, a builtin: wrap what the instance gives
         setattr(target, method, watch_with(bound, monitor, names))
     return target
+
+
+#: Classes instrumented in this process, for carrying to workers: (class, method) -> names.
+_instrumented_classes: dict[tuple[type, str], tuple[ArgumentNames, str | None]] = {}
+
+
+def _instrument_class(target: type, monitor: Monitor | None, method: str, names: ArgumentNames) -> type:
+    try:
+        raw = inspect.getattr_static(target, method)
+    except AttributeError:
+        raise AdvmonConfigError(f"{target.__qualname__} has no method {method!r}") from None
+    if isinstance(raw, (staticmethod, classmethod)):
+        if not is_watched(raw.__func__, monitor):
+            setattr(target, method, type(raw)(watch_with(raw.__func__, monitor, names)))
+    elif callable(raw):
+        if not is_watched(raw, monitor):
+            setattr(target, method, watch_with(raw, monitor, names))
+    else:
+        raise AdvmonConfigError(f"{target.__qualname__}.{method} is not callable")
+    _instrumented_classes[(target, method)] = (names, None if monitor is None else monitor.run)
+    return target
+
+
+def instrumented_classes() -> list[tuple[type, str, ArgumentNames, str | None]]:
+    """Classes instrumented in this process: ``(class, method, names, run)``, run ``None`` for the process-wide monitor."""
+    return [(cls, method, names, run) for (cls, method), (names, run) in _instrumented_classes.items()
+            if is_watched(inspect.getattr_static(cls, method, None)) or
+            is_watched(getattr(inspect.getattr_static(cls, method, None), "__func__", None))]
+
+
+def _refuse_remote_class(target: Any) -> None:
+    """A Ray actor class's instances live in worker processes: wrapping it here records nothing."""
+    kind = type(target)
+    if kind.__module__.startswith("ray.") and kind.__name__ in {"ActorClass", "ActorHandle", "RemoteFunction"}:
+        raise AdvmonConfigError(
+            f"{target!r} is a Ray {kind.__name__}: its estimator runs in a worker process, where an "
+            "instrumentation made here cannot reach. Instrument the plain class before ray.remote(...), "
+            "and start the workers with advmon.integrations.ray.runtime_env(...), which carries it "
+            "(docs/integrations.md, Ray)"
+        )
 
 
 def tap(stage: str, tensor: Any, mask: Any = None) -> Any:

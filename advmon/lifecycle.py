@@ -33,6 +33,9 @@ __all__ = [
     "close_all_again_at_exit",
     "current_default",
     "default_monitor",
+    "flush_all",
+    "monitor_of_run",
+    "register_run",
     "set_default",
     "set_default_factory",
     "track",
@@ -45,8 +48,10 @@ DEFAULT_EXIT_TIMEOUT = 5.0
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _default: Any = None
-_default_factory: Callable[[], Any] | None = None
-_lock = threading.Lock()
+_default_factory: Callable[..., Any] | None = None
+_by_run: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+_factory_failed = False
+_lock = threading.RLock()  # the factory runs under it, and a new monitor registers its run
 
 
 def track(closable: Any) -> None:
@@ -88,21 +93,53 @@ def close_all_again_at_exit() -> None:
     atexit.register(close_all)
 
 
-def set_default_factory(factory: Callable[[], Any]) -> None:
-    """How :func:`default_monitor` makes the process-wide monitor (the monitor module sets it)."""
+def set_default_factory(factory: Callable[..., Any]) -> None:
+    """How :func:`default_monitor` makes the process-wide monitor (the monitor module sets it).
+
+    ``factory(run)`` builds it; ``run`` is a hint (the run a wrapper that crossed
+    processes came from), used when the environment names none.
+    """
     global _default_factory
     _default_factory = factory
 
 
-def default_monitor() -> Any:
-    """The process-wide default monitor, created on first use."""
+def default_monitor(run: str | None = None) -> Any:
+    """The process-wide default monitor, created on first use (``run``: the name to give it then).
+
+    Raises:
+        AdvmonConfigError: the ``ADVMON_*`` variables it is built from are wrong.
+    """
     global _default
     with _lock:
         if _default is None or getattr(_default, "closed", False):
             if _default_factory is None:
                 raise RuntimeError("advmon.monitor is not imported: import advmon first")
-            _default = _default_factory()
+            _default = _default_factory(run)
         return _default
+
+
+def register_run(monitor: Any) -> None:
+    """Let wrappers that arrive from another process find ``monitor`` by its run name."""
+    with _lock:
+        _by_run[monitor.run] = monitor
+
+
+def monitor_of_run(run: str) -> Any:
+    """The open monitor of ``run`` in this process, if any (the latest one made)."""
+    with _lock:
+        found = _by_run.get(run)
+    return found if found is not None and not getattr(found, "closed", False) else None
+
+
+def flush_all(timeout: float | None = None) -> None:
+    """Flush every open monitor: emit steps a ``step_source`` holds, wait for queued records."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for monitor in list(_live):
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        try:
+            monitor.flush(remaining)
+        except Exception:  # noqa: BLE001, S110 - flushing is best effort, like exit
+            pass
 
 
 def current_default() -> Any:

@@ -47,11 +47,11 @@ from advmon.observation import (
 from advmon.record import Record
 from advmon.sinks.base import SinkLike
 from advmon.sinks.jsonl import JsonlSink
-from advmon.sinks.specs import sinks_from_env
+from advmon.sinks.specs import sinks_from_env, specs_from_env
 from advmon.stats import Part
 from advmon.steps import StepTracker
 
-__all__ = ["Monitor", "get_monitor", "set_monitor"]
+__all__ = ["Monitor", "get_monitor", "monitor_from_environment", "set_monitor"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -160,6 +160,7 @@ class Monitor:
                 "(add advmon.JsonlSink or 'jsonl:PATH')",
             )
         lifecycle.track(self)
+        lifecycle.register_run(self)
         self._steps = StepTracker(self, step_source)
         self._internal_errors = 0
         self._last_record: Record | None = None
@@ -611,4 +612,21 @@ def set_monitor(monitor: Monitor | None) -> Monitor | None:
     return lifecycle.set_default(monitor)
 
 
-lifecycle.set_default_factory(Monitor)
+def monitor_from_environment(run: str | None = None) -> Monitor:
+    """The process-wide monitor as the ``ADVMON_*`` variables describe it (:mod:`advmon.environment`).
+
+    ``run`` names it when ``ADVMON_RUN`` does not. Without any variable set this is
+    ``Monitor()`` with its defaults.
+    """
+    from advmon.environment import jsonl_path, monitor_settings
+
+    settings = monitor_settings(run=run)
+    directory, per_process = settings.pop("directory"), settings.pop("per_process")
+    name = default_run_id() if settings["run"] is None else checked_run(settings["run"])
+    settings["run"] = name
+    # Specs, not sinks: a rank that does not record must not start a server.
+    sinks: list[Any] = [JsonlSink(jsonl_path(directory, name, global_rank(), per_process)), *specs_from_env()]
+    return Monitor(sinks=sinks, **settings)
+
+
+lifecycle.set_default_factory(monitor_from_environment)

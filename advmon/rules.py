@@ -358,10 +358,22 @@ class PromContext:
 
     selector: str = ""
     interval_seconds: float = 60.0
+    #: Also match ``ray_<name>``: Ray's metrics agent prefixes what ``ray-metrics`` exports.
+    ray_prefix: bool = True
 
     def metric(self, name: str, **labels: str) -> str:
+        """A selector of ``name`` (or ``ray_<name>``) with the context's and these labels.
+
+        Example:
+            >>> PromContext(selector='job="grpo"').metric("advmon_step")
+            '{__name__=~"(?:ray_)?advmon_step",job="grpo"}'
+            >>> PromContext(ray_prefix=False).metric("advmon_step", stage="post_norm")
+            'advmon_step{stage="post_norm"}'
+        """
         matchers = [m for m in (self.selector.strip().strip("{}").strip(),) if m]
         matchers += [f'{key}="{value}"' for key, value in labels.items()]
+        if self.ray_prefix:
+            return "{" + ",".join([f'__name__=~"(?:ray_)?{name}"', *matchers]) + "}"
         return f"{name}{{{','.join(matchers)}}}" if matchers else name
 
     def stage_metric(self, name: str, stage: str) -> str:

@@ -83,7 +83,7 @@ def test_unstable_run_reaches_slack_and_resolves_stable_run_stays_quiet(tmp_path
         def firing():
             return [a for a in slack_alerts(slack) if "[FIRING]" in a["attachments"][0]["title"]]
 
-        wait_for(firing, 20, "a firing Slack message")
+        wait_for(firing, 45, "a firing Slack message")
         def resolved() -> bool:
             return any(
                 "[RESOLVED] AdvmonNonFiniteRewards" in a["attachments"][0]["title"] for a in slack_alerts(slack)

@@ -63,7 +63,7 @@ def test_promtool_tests_pass_for_a_teams_own_settings_and_fail_when_a_rule_is_br
     ])
     assert code == 0
     rules = (tmp_path / "advmon-rules.yml").read_text()
-    assert 'advmon_zero_std_group_ratio{job="grpo"} > 0.9' in rules and "for: 45s" in rules and "[4m52s500ms]" in rules
+    assert '{__name__=~"(?:ray_)?advmon_zero_std_group_ratio",job="grpo"} > 0.9' in rules and "for: 45s" in rules and "[4m52s500ms]" in rules
     assert promtool("check", "rules", "advmon-rules.yml", cwd=tmp_path).returncode == 0
     result = promtool("test", "rules", "tests/advmon-rules-test.yml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -32,7 +32,7 @@ from typing import Any
 from advmon.hooks import ArgumentNames, active_call, is_watched, tap, watch_with
 from advmon.monitor import Monitor, get_monitor, set_monitor
 
-__all__ = ["current_step", "instrument", "is_instrumented", "uninstrument"]
+__all__ = ["current_step", "install", "instrument", "is_instrumented", "uninstrument"]
 
 #: verl's names for the inputs advmon reads.
 GROUPED = ArgumentNames(rewards="token_level_rewards", mask="response_mask", groups="index")
@@ -64,14 +64,23 @@ def instrument(monitor: Monitor | None = None) -> Monitor:
     Instrumenting again is harmless (nothing is wrapped twice); to change the
     monitor, :func:`uninstrument` first.
     """
+    with _lock:
+        installed = _installed
+    if installed is not None:
+        return installed["monitor"] or get_monitor()  # installed for the process-wide monitor
+    return install(_process_monitor() if monitor is None else monitor)  # type: ignore[return-value]
+
+
+def install(monitor: Monitor | None) -> Monitor | None:
+    """:func:`instrument` without creating anything: ``None`` records to the process-wide
+    monitor, built from ``ADVMON_*`` on the first recorded call (what a Ray worker's
+    setup hook uses, see :mod:`advmon.integrations.ray`)."""
     global _installed
     from verl.trainer.ppo import core_algos
 
     with _lock:
         if _installed is not None:
             return _installed["monitor"]
-        if monitor is None:
-            monitor = _process_monitor()
         registry = core_algos.ADV_ESTIMATOR_REGISTRY
         wrappers: dict[int, Any] = {}
         originals: dict[int, Any] = {}

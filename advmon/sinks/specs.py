@@ -1,7 +1,7 @@
 """Sinks from short strings, for configs, the CLI and ``ADVMON_SINKS``.
 
 Forms: ``jsonl[:PATH]``, ``wandb[:PROJECT]``, ``mlflow[:TRACKING_URI]``,
-``prometheus[:[HOST:]PORT]``, ``pushgateway:URL``, and the in-process alerts
+``prometheus[:[HOST:]PORT]``, ``pushgateway:URL``, ``ray-metrics`` (Ray's metrics agent), and the in-process alerts
 ``slack:ENV_VAR_OR_FILE`` (the webhook URL's source, never the URL) and ``wandb-alert``.
 
 Example:
@@ -20,14 +20,14 @@ from typing import Any
 from advmon.errors import AdvmonConfigError
 from advmon.sinks.base import SinkLike
 
-__all__ = ["ENV_VAR", "SPEC_FORMS", "alert_sink_from_specs", "parse_spec", "sink_from_spec", "sinks_from_env"]
+__all__ = ["ENV_VAR", "SPEC_FORMS", "alert_sink_from_specs", "parse_spec", "sink_from_spec", "sinks_from_env", "specs_from_env"]
 
 ENV_VAR = "ADVMON_SINKS"
 SPEC_FORMS = (
     "jsonl[:PATH], wandb[:PROJECT], mlflow[:TRACKING_URI], prometheus[:[HOST:]PORT], pushgateway:URL, "
-    "slack:ENV_VAR_OR_FILE, wandb-alert"
+    "ray-metrics, slack:ENV_VAR_OR_FILE, wandb-alert"
 )
-_KINDS = ("jsonl", "wandb", "mlflow", "prometheus", "pushgateway", "slack", "wandb-alert")
+_KINDS = ("jsonl", "wandb", "mlflow", "prometheus", "pushgateway", "ray-metrics", "slack", "wandb-alert")
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -79,6 +79,10 @@ def sink_from_spec(spec: str, run: str) -> SinkLike:
 
         host, port = _host_port(argument) if argument else ("127.0.0.1", 9464)
         return PrometheusSink(host=host, port=port)
+    if kind == "ray-metrics":
+        from advmon.sinks.ray_metrics import RayMetricsSink
+
+        return RayMetricsSink(run)
     if kind in ("slack", "wandb-alert"):
         return alert_sink_from_specs([spec])
     from advmon.sinks.prometheus import PushgatewaySink
@@ -109,10 +113,15 @@ def notifiers_from_specs(specs: list[str]) -> list[Any]:
     return notifiers
 
 
-def sinks_from_env(run: str, environ: dict[str, str] | None = None) -> list[SinkLike]:
-    """Sinks named in ``ADVMON_SINKS`` (comma-separated specs)."""
+def specs_from_env(environ: dict[str, str] | None = None) -> list[str]:
+    """The specs named in ``ADVMON_SINKS`` (comma-separated), checked."""
     value = (os.environ if environ is None else environ).get(ENV_VAR, "")
     specs = [part.strip() for part in value.split(",") if part.strip()]
     for spec in specs:
         parse_spec(spec)  # all errors before any sink starts a server
-    return [sink_from_spec(spec, run) for spec in specs]
+    return specs
+
+
+def sinks_from_env(run: str, environ: dict[str, str] | None = None) -> list[SinkLike]:
+    """Sinks named in ``ADVMON_SINKS`` (comma-separated specs)."""
+    return [sink_from_spec(spec, run) for spec in specs_from_env(environ)]
