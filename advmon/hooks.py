@@ -342,10 +342,11 @@ def instrumented_classes() -> list[tuple[type, str, ArgumentNames, str | None]]:
 
 def _refuse_remote_class(target: Any) -> None:
     """A Ray actor class's instances live in worker processes: wrapping it here records nothing."""
-    kind = type(target)
-    if kind.__module__.startswith("ray.") and kind.__name__ in {"ActorClass", "ActorHandle", "RemoteFunction"}:
+    ray_kinds = [k for k in type(target).__mro__
+                 if k.__module__.startswith("ray.") and k.__name__ in {"ActorClass", "ActorHandle", "RemoteFunction"}]
+    if ray_kinds:
         raise AdvmonConfigError(
-            f"{target!r} is a Ray {kind.__name__}: its estimator runs in a worker process, where an "
+            f"{target!r} is a Ray {ray_kinds[0].__name__}: its estimator runs in a worker process, where an "
             "instrumentation made here cannot reach. Instrument the plain class before ray.remote(...), "
             "and start the workers with advmon.integrations.ray.runtime_env(...), which carries it "
             "(docs/integrations.md, Ray)"

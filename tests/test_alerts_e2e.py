@@ -91,7 +91,7 @@ def test_unstable_run_reaches_slack_and_resolves_stable_run_stays_quiet(tmp_path
 
         while not resolved():
             tick()  # ... and recovers (each alert resolves on its own; wait for this one)
-            assert time.monotonic() - started < 55, f"no resolved message: {slack_alerts(slack)}"
+            assert time.monotonic() - started < 100, f"no resolved message: {slack_alerts(slack)}"
     finally:
         prometheus.stop()
         alertmanager.stop()

@@ -355,3 +355,43 @@ def test_sigterm_to_an_actor_keeps_its_held_step(ray_cluster):
     os.kill(pid, signal.SIGTERM)
     wait_for_exit(pid)
     assert [r.step for r in records_of(directory, pid)] == [5]
+
+
+class MetricsRecorder:
+    """An actor whose records go to Ray's metrics agent (``ADVMON_SINKS=ray-metrics``)."""
+
+    def record(self, rewards: torch.Tensor):
+        import advmon as advmon_in_actor
+        from tests.remote_estimators import PlainGRPO as Estimator
+
+        advantages = advmon_in_actor.instrument(Estimator()).compute_advantage(PROMPTS, rewards, MASK)
+        advmon_in_actor.flush(10)  # the step source (verl's counter) holds the step until it changes
+        return advantages
+
+
+def test_ray_metrics_reach_prometheus_where_the_generated_rules_and_boards_read_them(ray_cluster, tmp_path):
+    from advmon.rules import CATALOG, PromContext, Thresholds
+    from tests.services import start_prometheus, wait_for
+    from tests.test_prometheus import query
+
+    ray, _ = ray_cluster
+    port = ray._private.worker.global_worker.node.metrics_export_port
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])  # every group zero-std
+    actor = ray.remote(MetricsRecorder).options(
+        runtime_env={"env_vars": {"ADVMON_SINKS": "ray-metrics", "ADVMON_RUN": "ray-metrics-run"}}
+    ).remote()
+    ray.get(actor.record.remote(rewards))
+    prometheus, url = start_prometheus(tmp_path, {"ray": f"127.0.0.1:{port}"})
+    try:
+        selector = PromContext(selector='run="ray-metrics-run"')
+        # Ray's agent exports every ~10 s; Prometheus scrapes every second.
+        [sample] = wait_for(lambda: query(url, selector.metric("advmon_reward_mean")), 60, "ray_advmon_reward_mean")
+        assert sample["metric"]["__name__"] == "ray_advmon_reward_mean"
+        assert float(sample["value"][1]) == pytest.approx(float(np.mean(rewards.numpy())), rel=1e-12)
+        zero_std = next(rule for rule in CATALOG if rule.name == "AdvmonZeroStdGroupsHigh")
+        firing = query(url, zero_std.promql(Thresholds.with_overrides(), selector))
+        assert [s["metric"]["run"] for s in firing] == ["ray-metrics-run"]
+        board = query(url, f'max({selector.metric("advmon_zero_std_group_ratio")})')
+        assert float(board[0]["value"][1]) == 1.0
+    finally:
+        prometheus.stop()
