@@ -305,6 +305,11 @@ class Monitor:
                     self._emit(int(step), calls, quiet=failed)
 
     @property
+    def step_source(self) -> Callable[[], int] | None:
+        """The callable giving the current step, if the monitor follows one."""
+        return self._steps.step_source
+
+    @property
     def last_metrics(self) -> dict[str, float]:
         """The latest record's metrics (``nan`` where unavailable), to merge into a trainer's own."""
         record = self._last_record

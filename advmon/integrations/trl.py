@@ -1,0 +1,153 @@
+"""TRL: record what ``GRPOTrainer`` computes, as TRL computes it, at the step TRL logs.
+
+TRL (1.x) computes rewards and advantages inline in
+``GRPOTrainer._generate_and_score_completions``: there is no estimator function to
+watch, the method returns no rewards, and it returns only this process's slice of
+the advantages. :class:`AdvmonGRPOMixin` therefore records around that method:
+
+* **rewards** as TRL gathers them across processes (``_calculate_rewards``), summed
+  over reward functions with TRL's weights (``nansum``); a row that no reward
+  function scored (every function returned ``None``) is NaN, as in TRL's own
+  ``reward`` metric, so it shows in ``rewards/nan_count``;
+* **advantages** of every process, gathered in process order (TRL's
+  ``process_slice`` order), so the record covers the whole generation batch;
+* **groups** of ``num_generations`` consecutive rows (``num_generations_eval`` in
+  evaluation);
+* at **TRL's logged step**: ``state.global_step + 1`` (TRL logs after the
+  optimizer step that follows the generation). With ``steps_per_generation`` or
+  ``num_iterations`` above 1, a batch is generated, and recorded, once every
+  ``steps_per_generation * num_iterations`` steps.
+
+Evaluation batches go to their own monitor (``eval_monitor``; by default a
+monitor of run ``<run>-eval`` created on the first evaluation), aggregated per
+training step, never into the training sequence. Every process takes part in the
+gather; only the main process (rank 0) emits.
+
+Example (with TRL installed)::
+
+    from advmon.integrations.trl import MonitoredGRPOTrainer
+    trainer = MonitoredGRPOTrainer(model=model, reward_funcs=[reward], args=config,
+                                   train_dataset=dataset, monitor=advmon.Monitor("grpo-run"))
+    trainer.train()
+
+or, for a trainer class of your own: ``class MyTrainer(AdvmonGRPOMixin, GRPOTrainer): ...``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from advmon.errors import warn
+from advmon.monitor import Monitor
+
+__all__ = ["AdvmonGRPOMixin", "MonitoredGRPOTrainer"]
+
+
+class AdvmonGRPOMixin:
+    """Mix into a ``GRPOTrainer`` (first in the bases) to record each generation batch.
+
+    Keyword arguments taken from the trainer's own: ``monitor`` (default: the
+    process-wide monitor) and ``eval_monitor`` (default: ``Monitor(f"{run}-eval")``
+    made on the first evaluation batch).
+    """
+
+    def __init__(self, *args: Any, monitor: Monitor | None = None, eval_monitor: Monitor | None = None,
+                 **kwargs: Any) -> None:
+        self.advmon_monitor = monitor
+        self.advmon_eval_monitor = eval_monitor
+        self._advmon_rewards_per_func: torch.Tensor | None = None
+        super().__init__(*args, **kwargs)
+
+    # The rewards TRL gathered across processes, caught on their way through.
+    def _calculate_rewards(self, *args: Any, **kwargs: Any) -> Any:
+        rewards_per_func = super()._calculate_rewards(*args, **kwargs)  # type: ignore[misc]
+        self._advmon_rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> Any:
+        self._advmon_rewards_per_func = None
+        output = super()._generate_and_score_completions(*args, **kwargs)  # type: ignore[misc]
+        try:
+            self._advmon_record(output)
+        except Exception as exc:  # noqa: BLE001 - advmon's failure must not stop training
+            monitor = self.advmon_monitor
+            if monitor is not None and monitor.strict:
+                raise
+            warn(f"advmon: could not record TRL's generation batch: {exc!r}")
+        finally:
+            self._advmon_rewards_per_func = None
+        return output
+
+    def _advmon_record(self, output: dict[str, Any]) -> None:
+        training = bool(self.model.training)  # type: ignore[attr-defined]
+        # A collective: every process gathers, whether or not it records.
+        advantages = self.accelerator.gather(output["advantages"].detach())  # type: ignore[attr-defined]
+        rewards = self._advmon_weighted_rewards()
+        if not self.accelerator.is_main_process:  # type: ignore[attr-defined]
+            return
+        group_size = int(self.num_generations if training else self.num_generations_eval)  # type: ignore[attr-defined]
+        if training:
+            monitor = self.advmon_monitor if self.advmon_monitor is not None else _process_monitor()
+            with monitor.step(int(self.state.global_step) + 1):  # type: ignore[attr-defined]
+                monitor.observe(rewards=rewards, advantages=advantages, group_size=group_size)
+            return
+        evaluation = self._advmon_evaluation_monitor()
+        if evaluation.step_source is not None:  # evaluation batches of one training step form one record
+            evaluation.observe(rewards=rewards, advantages=advantages, group_size=group_size)
+        else:
+            with evaluation.step(int(self.state.global_step)):  # type: ignore[attr-defined]
+                evaluation.observe(rewards=rewards, advantages=advantages, group_size=group_size)
+
+    def _advmon_weighted_rewards(self) -> torch.Tensor | None:
+        """TRL's reward per completion: the weighted ``nansum`` over functions, NaN where none scored."""
+        per_function = self._advmon_rewards_per_func
+        if per_function is None:
+            return None
+        weights = self.reward_weights.to(per_function.device)  # type: ignore[attr-defined]
+        rewards = (per_function * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(per_function).all(dim=1)] = torch.nan
+        return rewards
+
+    def _advmon_evaluation_monitor(self) -> Monitor:
+        if self.advmon_eval_monitor is None:
+            train = self.advmon_monitor if self.advmon_monitor is not None else _process_monitor()
+            self.advmon_eval_monitor = Monitor(
+                f"{train.run}-eval", reward_range=train.reward_range,
+                step_source=lambda: int(self.state.global_step),  # type: ignore[attr-defined]
+            )
+        return self.advmon_eval_monitor
+
+
+def _process_monitor() -> Monitor:
+    from advmon.monitor import get_monitor
+
+    return get_monitor()
+
+
+def _trainer_class() -> type:
+    from trl import GRPOTrainer
+
+    class MonitoredGRPOTrainer(AdvmonGRPOMixin, GRPOTrainer):
+        """TRL's ``GRPOTrainer`` recording to advmon: ``MonitoredGRPOTrainer(..., monitor=Monitor(...))``."""
+
+        def train(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().train(*args, **kwargs)
+            finally:
+                for monitor in (self.advmon_monitor, self.advmon_eval_monitor):
+                    if monitor is not None:
+                        monitor.flush()
+
+    MonitoredGRPOTrainer.__module__ = __name__
+    return MonitoredGRPOTrainer
+
+
+def __getattr__(name: str) -> Any:
+    # TRL is imported only when the ready-made trainer is asked for.
+    if name == "MonitoredGRPOTrainer":
+        cls = _trainer_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

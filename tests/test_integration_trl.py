@@ -1,0 +1,160 @@
+"""advmon inside a real TRL GRPOTrainer (trl 1.16 on CPU): records equal what TRL itself logs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import advmon
+from tests.conftest import ListSink
+from tests.reference import assert_stats_close, value_stats
+from tests.services import require_module
+
+trl = require_module("trl")
+from transformers import TrainerCallback  # noqa: E402
+
+from tests import trl_run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class KeepAdvantages(TrainerCallback):
+    """TRL keeps the gathered advantages of its latest generation batch in ``_logs``: copy them each step."""
+
+    def __init__(self) -> None:
+        self.trainer = None
+        self.by_step: dict[int, np.ndarray] = {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.by_step[state.global_step] = np.array(list(self.trainer._logs["advantages"]), dtype=np.float64)
+
+
+def train(tmp_path: Path, monitor, **overrides):
+    keep = KeepAdvantages()
+    trainer = trl_run.trainer(tmp_path, monitor, **overrides)
+    keep.trainer = trainer
+    trainer.add_callback(keep)
+    trainer.train()
+    return trainer, keep.by_step
+
+
+def logged(trainer, prefix: str = "") -> dict[int, dict]:
+    """TRL's own logs by step, where it logged reward metrics."""
+    return {h["step"]: h for h in trainer.state.log_history if h.get(f"{prefix}reward") is not None}
+
+
+def assert_matches_trl(metrics: dict, log: dict, prefix: str = "") -> None:
+    finite = metrics["rewards/count"] - metrics["rewards/nan_count"]
+    assert metrics["rewards/mean"] == pytest.approx(log[f"{prefix}reward"], rel=1e-6, abs=1e-7)
+    # TRL's reward_std is the sample std (ddof=1); advmon's is the population std (ddof=0).
+    assert metrics["rewards/std"] * math.sqrt(finite / (finite - 1)) == pytest.approx(log[f"{prefix}reward_std"], rel=1e-5, abs=1e-7)
+    # TRL: groups whose nanstd isclose 0, over all groups; advmon: groups whose finite rewards
+    # are all equal, over groups with at least two finite rewards. Over all groups they agree
+    # here (binary rewards, so isclose is exact equality).
+    assert metrics["groups/zero_std_count"] / metrics["groups/count"] == pytest.approx(
+        log[f"{prefix}frac_reward_zero_std"], abs=1e-7)
+
+
+def test_records_equal_trls_logged_reward_std_and_zero_std_at_trls_steps(tmp_path):
+    sink = ListSink()
+    monitor = advmon.Monitor("trl", sinks=[sink], reward_range=(0, 1))
+    trainer, advantages = train(tmp_path, monitor, max_steps=4)
+    monitor.close()
+    logs = logged(trainer)
+    assert [r.step for r in sink.records] == sorted(logs) == [1, 2, 3, 4]
+    for record in sink.records:
+        metrics = record.metrics
+        assert metrics["rewards/count"] == 8 and metrics["groups/count"] == 2 and metrics["groups/max_size"] == 4
+        assert_matches_trl(metrics, logs[record.step])
+        assert_stats_close(metrics, value_stats(advantages[record.step]), "advantages/post_norm/")
+    # The reward sometimes returns None: those rows are NaN, as in TRL's own reward metric.
+    assert sum(r.metrics["rewards/nan_count"] for r in sink.records) > 0
+
+
+def test_num_iterations_two_records_each_generation_once_at_its_logged_step(tmp_path):
+    sink = ListSink()
+    monitor = advmon.Monitor("trl-iterations", sinks=[sink])
+    trainer, advantages = train(tmp_path, monitor, max_steps=4, num_iterations=2)
+    monitor.close()
+    logs = logged(trainer)
+    assert [r.step for r in sink.records] == sorted(logs) == [1, 3]
+    for record in sink.records:
+        assert_matches_trl(record.metrics, logs[record.step])
+        assert_stats_close(record.metrics, value_stats(advantages[record.step]), "advantages/post_norm/")
+
+
+def test_evaluation_goes_to_its_own_monitor_with_num_generations_eval(tmp_path):
+    sink, eval_sink = ListSink(), ListSink()
+    monitor = advmon.Monitor("trl-train", sinks=[sink])
+    evaluation = advmon.Monitor("trl-eval", sinks=[eval_sink], step_source=lambda: trainer_state["step"])
+    trainer_state = {"step": 0}
+    trainer = trl_run.trainer(tmp_path, monitor, eval_monitor=evaluation, eval_dataset=trl_run.prompts(4),
+                              max_steps=2, eval_strategy="steps", eval_steps=2, num_generations_eval=2,
+                              per_device_eval_batch_size=8)
+
+    class Follow(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            trainer_state["step"] = state.global_step
+
+    trainer.add_callback(Follow())
+    trainer.train()
+    monitor.close()
+    evaluation.close()
+    assert [r.step for r in sink.records] == [1, 2]  # the training sequence has no evaluation in it
+    [record] = eval_sink.records
+    eval_logs = logged(trainer, "eval_")
+    assert record.step == 2 and list(eval_logs) == [2]
+    assert record.metrics["rewards/count"] == 8 and record.metrics["groups/count"] == 4  # 4 prompts x 2
+    assert record.metrics["groups/max_size"] == 2
+    assert_matches_trl(record.metrics, eval_logs[2], "eval_")
+
+
+def test_the_default_evaluation_monitor_is_a_run_of_its_own(tmp_path, monkeypatch):
+    sink = ListSink()
+    monitor = advmon.Monitor("trl-main", sinks=[sink])
+    trainer = trl_run.trainer(tmp_path, monitor, eval_dataset=trl_run.prompts(4), max_steps=1, eval_strategy="steps",
+                              eval_steps=1, num_generations_eval=2, per_device_eval_batch_size=8)
+    monkeypatch.chdir(tmp_path)  # the default monitor writes advmon-runs/<run>.jsonl here
+    trainer.train()
+    monitor.close()
+    trainer.advmon_eval_monitor.close()
+    assert trainer.advmon_eval_monitor.run == "trl-main-eval"
+    [record] = advmon.read_jsonl(tmp_path / "advmon-runs" / "trl-main-eval.jsonl")
+    assert record.step == 1 and record.metrics["groups/max_size"] == 2
+    assert [r.step for r in sink.records] == [1]
+
+
+def test_two_processes_gather_every_processs_advantages_and_only_rank_0_emits(tmp_path):
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun, "torchrun comes with torch"
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    result = subprocess.run(
+        [torchrun, "--nproc_per_node", "2", "--master_port", str(_free_port()), str(ROOT / "tests" / "trl_run.py"),
+         str(tmp_path)],
+        cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = advmon.read_jsonl(tmp_path / "trl-ddp.jsonl")
+    logs = {h["step"]: h for h in json.loads((tmp_path / "log_history.json").read_text()) if h.get("reward") is not None}
+    assert [r.step for r in records] == sorted(logs) == [1, 2, 3]
+    for record in records:
+        assert record.metrics["rewards/count"] == 8  # 4 per process, gathered
+        assert_matches_trl(record.metrics, logs[record.step])
+    last = np.array(json.loads((tmp_path / "advantages.json").read_text()), dtype=np.float64)
+    assert_stats_close(records[-1].metrics, value_stats(last), "advantages/post_norm/")
+    assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == ["trl-ddp.jsonl"]
+    assert not (tmp_path / "advmon-runs").exists()  # rank 1 made no file of its own
+
+
+def _free_port() -> int:
+    from tests.services import free_port
+
+    return free_port()
