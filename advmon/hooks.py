@@ -330,7 +330,51 @@ def _instrument_class(target: type, monitor: Monitor | None, method: str, names:
     else:
         raise AdvmonConfigError(f"{target.__qualname__}.{method} is not callable")
     _instrumented_classes[(target, method)] = (names, None if monitor is None else monitor.run)
+    _carry_instances(target)
     return target
+
+
+def _carry_instances(cls: type) -> None:
+    """Make instances of ``cls`` re-instrument their class where they are unpickled.
+
+    A class pickles by name, so a worker that unpickles an instance would find the
+    plain class there and record nothing (NeMo-RL builds its estimator in the driver
+    and sends it to the single controller's actor). The instance's reduce gains one
+    step: instrument the class as here, then build the instance as before.
+    """
+    if "__advmon_own_reduce_ex__" in cls.__dict__:
+        return
+    own = cls.__dict__.get("__reduce_ex__")
+
+    def __reduce_ex__(self: Any, protocol: int) -> Any:
+        return carrying_reduce(cls, own, self, protocol)
+
+    cls.__advmon_own_reduce_ex__ = own  # type: ignore[attr-defined]
+    cls.__reduce_ex__ = __reduce_ex__  # type: ignore[method-assign]
+
+
+def carrying_reduce(cls: type, own: Any, instance: Any, protocol: int) -> Any:
+    """``instance.__reduce_ex__`` for an instrumented class (see :func:`_carry_instances`)."""
+    reduced = own(instance, protocol) if own is not None else super(cls, instance).__reduce_ex__(protocol)
+    entries = tuple((method, names, run) for (owner, method), (names, run) in _instrumented_classes.items()
+                    if owner is cls)
+    if isinstance(reduced, str) or not entries:
+        return reduced
+    return (arrive_instrumented, (cls, entries, reduced[0], reduced[1]), *reduced[2:])
+
+
+def arrive_instrumented(cls: type, entries: tuple[Any, ...], constructor: Any, arguments: tuple[Any, ...]) -> Any:
+    """Unpickling an instance of an instrumented class: instrument the class here, then build it."""
+    for method, names, run in entries:
+        binding = Binding(None, run)
+        raw = inspect.getattr_static(cls, method, None)
+        function = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+        if not any(s.binding.run == run for s in [getattr(function, _WATCHED, None)] if isinstance(s, WatchState)):
+            wrapper = _wrapper(WatchState(function, binding, names))  # type: ignore[arg-type]
+            setattr(cls, method, type(raw)(wrapper) if isinstance(raw, (staticmethod, classmethod)) else wrapper)
+            _instrumented_classes[(cls, method)] = (names, run)
+    _carry_instances(cls)
+    return constructor(*arguments)
 
 
 def instrumented_classes() -> list[tuple[type, str, ArgumentNames, str | None]]:

@@ -395,3 +395,41 @@ def test_ray_metrics_reach_prometheus_where_the_generated_rules_and_boards_read_
         assert float(board[0]["value"][1]) == 1.0
     finally:
         prometheus.stop()
+
+
+def test_an_instance_of_a_class_instrumented_here_arrives_instrumented_in_a_fresh_process(tmp_path):
+    """NeMo-RL builds its estimator in the driver and pickles it into the controller's actor."""
+    code = textwrap.dedent(
+        """
+        import sys, pickle, torch
+        from tests.remote_estimators import PlainGRPO
+        from advmon.hooks import is_watched
+        assert not is_watched(PlainGRPO.compute_advantage)  # the plain class, as imported here
+        estimator = pickle.loads(sys.stdin.buffer.read())
+        assert is_watched(PlainGRPO.compute_advantage)      # instrumented on arrival
+        assert estimator.settings == {"epsilon": 1e-6}
+        prompts = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+        rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+        torch.save(estimator.compute_advantage(prompts, rewards, torch.ones(8, 3)), sys.argv[1])
+        """
+    )
+    payload = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(
+            """
+            import sys, pickle, advmon
+            from tests.remote_estimators import PlainGRPO
+            monitor = advmon.Monitor("class-run", sinks=[])
+            advmon.instrument(PlainGRPO, monitor)      # the class, before the loop builds its estimator
+            estimator = PlainGRPO()
+            estimator.settings = {"epsilon": 1e-6}     # the instance's own state travels as before
+            sys.stdout.buffer.write(pickle.dumps(estimator))
+            """)],
+        capture_output=True, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    ).stdout
+    environment = {**os.environ, "ADVMON_DIR": str(tmp_path / "runs"), "ADVMON_REWARD_RANGE": "0,1",
+                   "PYTHONPATH": str(ROOT)}
+    environment.pop("ADVMON_RUN", None)
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "adv.pt")], input=payload, check=True, cwd=ROOT,
+                   env=environment)
+    [record] = advmon.read_jsonl(tmp_path / "runs" / "class-run.jsonl")
+    check_record(record.metrics, REWARDS, PROMPTS, torch.load(tmp_path / "adv.pt"))
