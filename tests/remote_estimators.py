@@ -35,3 +35,41 @@ class PlainGRPO:
 
 class OtherGRPO(PlainGRPO):
     """A second class, instrumented in the driver of the Ray test and carried to its workers."""
+
+
+class GRPOAdvantageEstimator:
+    """NeMo-RL's GRPO estimator's signature and return shape (a zero-stride expand view)."""
+
+    def __init__(self, estimator_config: dict, loss_config: dict) -> None:
+        self.estimator_config, self.loss_config = estimator_config, loss_config
+
+    def compute_advantage(self, prompt_ids, rewards, mask, **kwargs):
+        per_sample = _grpo(prompt_ids.reshape(len(rewards), -1)[:, 0], rewards, torch.ones(len(rewards), 1))
+        return per_sample.expand(mask.shape)
+
+
+class SingleControllerActor:
+    """What NeMo-RL's asynchronous single controller does around the estimator, in its actor.
+
+    It receives the estimator built in the driver (``actor_args.advantage_estimator``),
+    computes each step's advantages chunk by chunk, and only then increments
+    ``_train_steps``; it logs the step under the incremented value.
+    """
+
+    def __init__(self, master_config: dict, actor_args: dict, setup_timing_metrics: dict) -> None:
+        self._advantage_estimator = actor_args["advantage_estimator"]
+        self._train_steps = actor_args["current_step"]
+
+    def run(self, batches: list) -> list:
+        results = []
+        for chunks in batches:
+            for prompt_ids, rewards, mask in chunks:
+                results.append(self._advantage_estimator.compute_advantage(
+                    prompt_ids=prompt_ids, rewards=rewards, mask=mask, repeated_batch={}))
+            self._train_steps += 1
+        return results
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()

@@ -433,3 +433,36 @@ def test_an_instance_of_a_class_instrumented_here_arrives_instrumented_in_a_fres
                    env=environment)
     [record] = advmon.read_jsonl(tmp_path / "runs" / "class-run.jsonl")
     check_record(record.metrics, REWARDS, PROMPTS, torch.load(tmp_path / "adv.pt"))
+
+
+def test_nemo_rl_single_controller_records_in_its_actor_at_the_step_it_logs(ray_cluster):
+    """The estimator is built and instrumented in the driver, sent in the actor's args, and
+    called there once per chunk; the step is the controller's ``_train_steps + 1``."""
+    import advmon.integrations.nemo_rl as advmon_nemo
+    from tests import remote_estimators
+
+    ray, directory = ray_cluster
+    monitor = advmon.Monitor("nemo-driver", sinks=[])
+    advmon_nemo.instrument(monitor, module=remote_estimators)
+    estimator = remote_estimators.GRPOAdvantageEstimator({}, {})
+    rng = np.random.default_rng(3)
+    batches = []
+    for _ in range(3):
+        rewards = torch.from_numpy((rng.random(16) < 0.5).astype(np.float32))
+        prompt_ids = torch.arange(4).repeat_interleave(4).unsqueeze(-1)
+        batches.append([(prompt_ids[:8], rewards[:8], MASK), (prompt_ids[8:], rewards[8:], MASK)])
+    controller = ray.remote(remote_estimators.SingleControllerActor).options(
+        runtime_env={"env_vars": {"ADVMON_STEP_SOURCE": advmon_nemo.STEP_SOURCE, "ADVMON_RUN": "nemo-sc"}}
+    ).remote({}, {"advantage_estimator": estimator, "current_step": 0}, {})
+    advantages = ray.get(controller.run.remote(batches))
+    pid = ray.get(controller.pid.remote())
+    controller.__ray_terminate__.remote()
+    wait_for_exit(pid)
+    monitor.close()
+    [path] = directory.glob(f"nemo-sc.*-{pid}.jsonl")
+    records = advmon.read_jsonl(path)
+    assert [r.step for r in records] == [1, 2, 3]  # NeMo-RL logs step k after computing its advantages
+    for index, record in enumerate(records):
+        rewards = torch.cat([batches[index][0][1], batches[index][1][1]])
+        prompts = torch.cat([batches[index][0][0], batches[index][1][0]])[:, 0]
+        check_record(record.metrics, rewards, prompts, torch.cat(advantages[2 * index: 2 * index + 2]))

@@ -1,0 +1,102 @@
+"""NeMo-RL: its estimators, in its synchronous loop and inside its asynchronous single controller.
+
+NeMo-RL's estimators (``nemo_rl.algorithms.advantage_estimator``) are classes with
+``compute_advantage(prompt_ids, rewards, mask, ...)``: advmon's default argument
+names. Both loops build the estimator once, with ``_create_advantage_estimator``:
+
+* **``grpo_train``** (synchronous) builds it in the driver and calls it there:
+  :func:`instrument` the classes before ``grpo_train`` runs.
+* **The single controller** (``SingleControllerActor``, a Ray actor) receives the
+  estimator built in the driver by ``setup_single_controller`` and calls it inside
+  the actor, once per streaming chunk of a step. Instrument the classes in the
+  driver as well: an instance of an instrumented class arrives instrumented in the
+  actor (:func:`advmon.instrument` makes it so), and records there to the
+  process-wide monitor built from ``ADVMON_*`` variables (NeMo-RL's ``init_ray``
+  passes the driver's whole environment to its workers). The step comes from the
+  controller in that actor: ``ADVMON_STEP_SOURCE`` =
+  ``advmon.integrations.nemo_rl:single_controller_step``.
+
+Example::
+
+    import advmon.integrations.nemo_rl as advmon_nemo
+    advmon_nemo.instrument()                  # before grpo_train / setup_single_controller
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from advmon.hooks import ArgumentNames
+from advmon.hooks import instrument as _instrument
+from advmon.monitor import Monitor
+
+__all__ = ["ESTIMATORS", "STEP_SOURCE", "instrument", "single_controller_step"]
+
+MODULE = "nemo_rl.algorithms.advantage_estimator"
+#: NeMo-RL's estimator classes and what advmon reads from them. OPD ignores ``rewards``
+#: (its advantages are teacher minus student log-probabilities), so it has none.
+ESTIMATORS: dict[str, ArgumentNames] = {
+    "GRPOAdvantageEstimator": ArgumentNames(),
+    "GDPOAdvantageEstimator": ArgumentNames(),
+    "ReinforcePlusPlusAdvantageEstimator": ArgumentNames(),
+    "RawRewardAdvantageEstimator": ArgumentNames(),
+    "GeneralizedAdvantageEstimator": ArgumentNames(),
+    "OPDAdvantageEstimator": ArgumentNames(rewards=None),
+}
+#: ``ADVMON_STEP_SOURCE`` for the single controller's actor.
+STEP_SOURCE = "advmon.integrations.nemo_rl:single_controller_step"
+
+
+def instrument(monitor: Monitor | None = None, module: Any = None) -> list[type]:
+    """Instrument every NeMo-RL estimator class; returns the classes.
+
+    Args:
+        monitor: where records go (default: the process-wide monitor, looked up
+            at each call; in a worker, built from ``ADVMON_*``).
+        module: the module holding the classes (default: NeMo-RL's own).
+    """
+    if module is None:
+        import importlib
+
+        module = importlib.import_module(MODULE)
+    classes = []
+    for name, names in ESTIMATORS.items():
+        cls = getattr(module, name, None)
+        if isinstance(cls, type):
+            _instrument(cls, monitor, "compute_advantage", names)
+            classes.append(cls)
+    return classes
+
+
+_controller: weakref.ref[Any] | None = None
+
+
+def single_controller_step() -> int:
+    """The step NeMo-RL will log for the advantages being computed, inside the controller's actor.
+
+    The controller computes a step's advantages before it increments
+    ``_train_steps`` and logs the step under the incremented value, so this is
+    ``_train_steps + 1``. The controller is this Ray worker's actor.
+
+    Raises:
+        LookupError: no ``SingleControllerActor`` in this process (the monitor
+            reports it once and records the call as its own step).
+    """
+    global _controller
+    controller = _controller() if _controller is not None else None
+    if controller is None:
+        controller = _find_controller()
+        _controller = weakref.ref(controller)
+    return int(controller._train_steps) + 1
+
+
+def _find_controller() -> Any:
+    try:
+        from ray._private import worker
+    except ImportError:
+        raise LookupError("single_controller_step needs Ray: it reads the controller actor of this worker") from None
+    for actor in list(getattr(worker.global_worker, "actors", {}).values()):
+        if type(actor).__name__ == "SingleControllerActor" and hasattr(actor, "_train_steps"):
+            return actor
+    raise LookupError("no SingleControllerActor in this process: single_controller_step works inside its actor")
