@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import types
+import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -312,8 +313,9 @@ def instrument(target: Any, monitor: Monitor | None, method: str, names: Argumen
     return target
 
 
-#: Classes instrumented in this process, for carrying to workers: (class, method) -> names.
-_instrumented_classes: dict[tuple[type, str], tuple[ArgumentNames, str | None]] = {}
+#: Classes instrumented in this process, for carrying to workers: class -> method -> (names, run).
+_instrumented_classes: weakref.WeakKeyDictionary[type, dict[str, tuple[ArgumentNames, str | None]]] = (
+    weakref.WeakKeyDictionary())
 
 
 def _instrument_class(target: type, monitor: Monitor | None, method: str, names: ArgumentNames) -> type:
@@ -329,7 +331,7 @@ def _instrument_class(target: type, monitor: Monitor | None, method: str, names:
             setattr(target, method, watch_with(raw, monitor, names))
     else:
         raise AdvmonConfigError(f"{target.__qualname__}.{method} is not callable")
-    _instrumented_classes[(target, method)] = (names, None if monitor is None else monitor.run)
+    _instrumented_classes.setdefault(target, {})[method] = (names, None if monitor is None else monitor.run)
     _carry_instances(target)
     return target
 
@@ -356,8 +358,7 @@ def _carry_instances(cls: type) -> None:
 def carrying_reduce(cls: type, own: Any, instance: Any, protocol: int) -> Any:
     """``instance.__reduce_ex__`` for an instrumented class (see :func:`_carry_instances`)."""
     reduced = own(instance, protocol) if own is not None else super(cls, instance).__reduce_ex__(protocol)
-    entries = tuple((method, names, run) for (owner, method), (names, run) in _instrumented_classes.items()
-                    if owner is cls)
+    entries = tuple((method, names, run) for method, (names, run) in _instrumented_classes.get(cls, {}).items())
     if isinstance(reduced, str) or not entries:
         return reduced
     return (arrive_instrumented, (cls, entries, reduced[0], reduced[1]), *reduced[2:])
@@ -372,14 +373,15 @@ def arrive_instrumented(cls: type, entries: tuple[Any, ...], constructor: Any, a
         if not any(s.binding.run == run for s in [getattr(function, _WATCHED, None)] if isinstance(s, WatchState)):
             wrapper = _wrapper(WatchState(function, binding, names))  # type: ignore[arg-type]
             setattr(cls, method, type(raw)(wrapper) if isinstance(raw, (staticmethod, classmethod)) else wrapper)
-            _instrumented_classes[(cls, method)] = (names, run)
+            _instrumented_classes.setdefault(cls, {})[method] = (names, run)
     _carry_instances(cls)
     return constructor(*arguments)
 
 
 def instrumented_classes() -> list[tuple[type, str, ArgumentNames, str | None]]:
     """Classes instrumented in this process: ``(class, method, names, run)``, run ``None`` for the process-wide monitor."""
-    return [(cls, method, names, run) for (cls, method), (names, run) in _instrumented_classes.items()
+    return [(cls, method, names, run) for cls, methods in list(_instrumented_classes.items())
+            for method, (names, run) in methods.items()
             if is_watched(inspect.getattr_static(cls, method, None)) or
             is_watched(getattr(inspect.getattr_static(cls, method, None), "__func__", None))]
 
