@@ -11,7 +11,7 @@ their instrumentation by themselves.
 
 Example:
     >>> env = runtime_env({"env_vars": {"HF_HOME": "/data/hf"}}, run="grpo-7b", verl=True,
-    ...                   reward_range=(0, 1))
+    ...                   reward_range=(0, 1), carry_instrumented=False)
     >>> env["worker_process_setup_hook"], env["env_vars"]["HF_HOME"], env["env_vars"]["ADVMON_INSTRUMENT"]
     ('advmon.integrations.ray.setup_worker', '/data/hf', 'verl')
 
