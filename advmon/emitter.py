@@ -84,6 +84,11 @@ class SinkWorker:
         self._condition = threading.Condition()
         self._in_flight = 0  # records handed to the sink and not finished yet
         self._stopping = False
+        # A sink whose work is heavy Python (W&B's run.log) takes the GIL from the
+        # training thread at every record; delivered in bursts, at most once per
+        # ``delivery_interval`` seconds, it contends once per burst instead.
+        self._interval = float(getattr(sink, "delivery_interval", 0.0) or 0.0)
+        self._hurry = 0  # drains in progress: deliver now, do not wait for the interval
         self.errors = 0
         self.dropped = 0
         self.delivered = 0
@@ -123,12 +128,17 @@ class SinkWorker:
         """Wait until the queue is delivered or ``timeout`` passes; return what is left."""
         deadline = time.monotonic() + timeout
         with self._condition:
-            while self._queue or self._in_flight:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._condition.wait(remaining)
-            return len(self._queue) + self._in_flight
+            self._hurry += 1
+            self._condition.notify_all()
+            try:
+                while self._queue or self._in_flight:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._condition.wait(remaining)
+                return len(self._queue) + self._in_flight
+            finally:
+                self._hurry -= 1
 
     def stop(self, timeout: float) -> int:
         """Drain, then end the thread; return the number of records not delivered."""
@@ -155,8 +165,11 @@ class SinkWorker:
                     self._condition.wait()
                 if self._stopping:
                     return
-                # A sink that takes batches (MLflow) gets the whole backlog at once.
-                size = MAX_BATCH if self._batches else 1
+                if self._interval:
+                    self._gather_burst()
+                # A sink that takes batches (MLflow) gets the whole backlog at once;
+                # a sink delivered in bursts gets the burst, written record by record.
+                size = MAX_BATCH if self._batches or self._interval else 1
                 batch = [self._queue.popleft() for _ in range(min(size, len(self._queue)))]
                 self._in_flight = len(batch)
             try:
@@ -166,11 +179,25 @@ class SinkWorker:
                     self._in_flight = 0
                     self._condition.notify_all()
 
+    def _gather_burst(self) -> None:
+        """Wait (holding the condition) until a burst is due: the interval passed, a full
+        batch is queued, or someone drains."""
+        due = time.monotonic() + self._interval
+        while len(self._queue) < MAX_BATCH and not self._hurry and not self._stopping:
+            remaining = due - time.monotonic()
+            if remaining <= 0:
+                return
+            self._condition.wait(remaining)
+
     @property
     def _batches(self) -> bool:
         return callable(getattr(self.sink, "write_batch", None))
 
     def _deliver(self, batch: list[Record]) -> None:
+        if not self._batches and len(batch) > 1:
+            for record in batch:
+                self._deliver([record])
+            return
         if self._batches:
             error = _with_retries(lambda: self.sink.write_batch(batch), self.policy, lambda: self._stopping)
         else:

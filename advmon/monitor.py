@@ -48,7 +48,7 @@ from advmon.record import Record
 from advmon.sinks.base import SinkLike
 from advmon.sinks.jsonl import JsonlSink
 from advmon.sinks.specs import sinks_from_env, specs_from_env
-from advmon.stats import Part
+from advmon.stats import Part, statistics_threads
 from advmon.steps import StepTracker
 
 __all__ = ["Monitor", "get_monitor", "monitor_from_environment", "set_monitor"]
@@ -244,7 +244,7 @@ class Monitor:
             return
         problems: list[Problem] = []
         try:
-            with torch.no_grad():
+            with torch.no_grad(), statistics_threads():
                 taps: dict[str, list[Part]] = {}
                 if pre_norm is not None:
                     try:
@@ -390,7 +390,7 @@ class Monitor:
                 Problem("signature", f"could not bind the arguments of {estimator} to its signature")
             )
         try:
-            with torch.no_grad():
+            with torch.no_grad(), statistics_threads():
                 call.seen = observe_inputs(
                     estimator=estimator,
                     rewards=call.inputs.get("rewards"),
@@ -408,7 +408,7 @@ class Monitor:
     def finish_call(self, call: ActiveCall, result: Any) -> None:
         """Observe a call that returned; never raises unless ``strict``."""
         try:
-            with torch.no_grad():
+            with torch.no_grad(), statistics_threads():
                 parts = self._observe_result(call, result)
         except ObservationError as error:
             self._report(call.problems + [error.problem])
@@ -443,7 +443,7 @@ class Monitor:
         try:
             if not isinstance(stage, str) or not stage.replace("_", "").isalnum():
                 raise ObservationError("tap_stage", f"tap stage must be a word like 'pre_norm', got {stage!r}")
-            with torch.no_grad():
+            with torch.no_grad(), statistics_threads():
                 values = _required_tensor(tensor, stage)
                 mask_t = as_tensor(mask, "mask") if mask is not None else _matching_mask(call, values)
                 call.taps.setdefault(stage, []).append(tensor_part(values, mask_t))

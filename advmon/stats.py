@@ -36,6 +36,8 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Literal, Sequence
 
@@ -52,6 +54,7 @@ __all__ = [
     "dense_part",
     "pack",
     "row_valid_counts",
+    "statistics_threads",
     "summarize",
     "value_part",
 ]
@@ -116,6 +119,36 @@ class HostPart:
     arrays: tuple[np.ndarray, ...]
 
 
+# --------------------------------------------------------------------------- threads
+
+#: Intra-op threads advmon's CPU statistics use on the caller's thread (``None``: the caller's own).
+STATISTICS_THREADS: int | None = 1
+
+
+@contextmanager
+def statistics_threads() -> Iterator[None]:
+    """Run advmon's CPU statistics with :data:`STATISTICS_THREADS` intra-op threads.
+
+    The statistics are many small, memory-bound ops over cache-sized chunks. With
+    more OpenMP threads than free cores (a busy machine: data loaders, reward
+    workers, other jobs) every one of those parallel regions waits for a
+    descheduled thread, and a watched call measured at 10 ms took 200-330 ms.
+    With one thread it cannot, and it costs little when the machine is quiet
+    (``benchmarks/bench_busy.py``). ``torch.set_num_threads`` acts on the calling
+    thread's OpenMP setting only and is restored on exit.
+    """
+    wanted = STATISTICS_THREADS
+    previous = torch.get_num_threads()
+    if wanted is None or previous == wanted:
+        yield
+        return
+    torch.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 # --------------------------------------------------------------------------- device
 
 
@@ -174,23 +207,50 @@ def dense_part(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
 def row_valid_counts(mask: torch.Tensor) -> torch.Tensor:
     """Number of entries ``> 0`` in each row of a 2-D mask, as float64.
 
-    A 0/1 float mask (the common case) is counted by one row sum, checked
-    exactly against a total ``count_nonzero``; anything else is counted in row
-    chunks that stay in cache (sums over bool or int tensors are many times
-    slower than float sums on CPU).
+    A float32/float64 mask on the CPU is read once, in row chunks that stay in
+    cache: ``ceil(clamp(m, 0, 1))`` is exactly 1 where ``m > 0`` and 0 elsewhere,
+    and its row sums are exact counts (whole numbers below ``2**24``). Rows with a
+    NaN entry (a NaN mask entry is not ``> 0``) and every other mask are counted
+    through 0/1 float64 weights, also in cache-sized chunks (sums over bool or int
+    tensors are many times slower than float sums on CPU).
 
     Example:
         >>> row_valid_counts(torch.tensor([[1.0, 0.5, 0.0], [0.0, 0.0, 0.0]])).tolist()
         [2.0, 0.0]
+        >>> row_valid_counts(torch.tensor([[float("nan"), -1.0, 2.0]])).tolist()
+        [1.0]
     """
     mask = mask.detach()
-    if mask.dtype.is_floating_point and mask.device.type == "cpu":
-        sums = mask.sum(dim=1, dtype=torch.float64 if mask.dtype == torch.float64 else torch.float32)
-        low, high = torch.aminmax(mask) if mask.numel() else (mask.new_zeros(()), mask.new_zeros(()))
-        # With 0 <= m <= 1, each row sum is at most its count of nonzeros (rounding
-        # cannot pass an integer), so equal totals mean every row sum is exact.
-        if low >= 0 and high <= 1 and _count_nonzero_bits(mask) == sums.sum(dtype=torch.float64):
-            return sums.to(torch.float64)
+    rows, cols = mask.shape
+    if mask.device.type == "cpu" and mask.dtype in (torch.float32, torch.float64) and cols < (1 << 24):
+        counts = _indicator_row_sums(mask)
+        redo = torch.isnan(counts)
+        if not redo.any():
+            return counts
+        counts[redo] = _weighted_row_counts(mask[redo])
+        return counts
+    return _weighted_row_counts(mask)
+
+
+# Chunks of this many elements for a pass that reads a mask once (measured on 2 cores:
+# smaller chunks pay per-op overhead, larger ones leave the cache).
+_COUNT_CHUNK_ELEMENTS = 1 << 19
+
+
+def _indicator_row_sums(mask: torch.Tensor) -> torch.Tensor:
+    """Row sums of ``ceil(clamp(mask, 0, 1))`` as float64 (NaN in rows with a NaN entry)."""
+    rows, cols = mask.shape
+    step = max(1, _COUNT_CHUNK_ELEMENTS // max(cols, 1))
+    sums = torch.empty(rows, dtype=mask.dtype)
+    buffer = torch.empty((min(step, rows), cols), dtype=mask.dtype)
+    for start in range(0, rows, step):
+        chunk = mask[start : start + step]
+        indicator = torch.clamp(chunk, 0.0, 1.0, out=buffer[: chunk.shape[0]]).ceil_()
+        torch.sum(indicator, dim=1, out=sums[start : start + chunk.shape[0]])
+    return sums.to(torch.float64)
+
+
+def _weighted_row_counts(mask: torch.Tensor) -> torch.Tensor:
     rows, cols = mask.shape
     counts = torch.empty(rows, dtype=torch.float64, device=mask.device)
     step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
@@ -199,16 +259,6 @@ def row_valid_counts(mask: torch.Tensor) -> torch.Tensor:
         chunk = mask[start : start + step]
         counts[start : start + chunk.shape[0]] = _keep_weights(chunk, weights[: chunk.shape[0]]).sum(dim=1)
     return counts
-
-
-def _count_nonzero_bits(mask: torch.Tensor) -> torch.Tensor:
-    """Entries whose bits are not all zero: ``count_nonzero`` on an integer view is
-    ~1.7x faster than on floats. Only ``-0.0`` differs from a float count, and it
-    only makes the exactness check above fail safe."""
-    integer = {2: torch.int16, 4: torch.int32, 8: torch.int64}.get(mask.element_size())
-    if integer is None or not mask.is_contiguous():
-        return torch.count_nonzero(mask)
-    return torch.count_nonzero(mask.view(integer))
 
 
 def pack(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:

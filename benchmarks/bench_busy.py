@@ -19,7 +19,7 @@ Then the setting that once made a watched call take 200-330 ms: more OpenMP
 threads than free cores (``torch.set_num_threads(4)`` on 2 cores with two 2-thread
 neighbours), where every parallel region waits for a descheduled thread. advmon's
 statistics run with one intra-op thread on the caller's thread (see
-``advmon.stats.single_threaded``), so the row ``advmon, 4 threads`` shows what a
+``advmon.stats.statistics_threads``), so the row ``advmon, 4 threads`` shows what a
 user sees there; ``(multi-threaded stats)`` shows what it would be otherwise.
 
 Usage: python benchmarks/bench_busy.py [--calls N]
@@ -102,23 +102,32 @@ def main() -> None:
     print(f"bench_busy: torch {torch.__version__}, {os.cpu_count()} cores, {threads} intra-op threads, "
           f"B={B} T={T}, medians of {args.calls} interleaved calls")
     monitor = advmon.Monitor("bench-busy", sinks=[advmon.JsonlSink(os.devnull)])
-    quiet_added = None
-    print(f"  {'setting':12} {'bare':>9} {'watched':>9} {'added':>9} {'vs quiet':>9} {'trainer op':>11} {'beside advmon':>14}")
-    for label, kind, count in (("quiet", "spin", 0), ("1 spin", "spin", 1), ("2 spin", "spin", 2),
-                               ("1 torch", "torch", 1), ("2 torch", "torch", 2)):
-        with neighbours(kind, count):
-            m = measure(args.calls, monitor)
-        added = m["watched"] - m["bare"]
-        quiet_added = added if quiet_added is None else quiet_added
-        print(f"  {label:12} {m['bare'] * 1e3:7.2f}ms {m['watched'] * 1e3:7.2f}ms {added * 1e3:7.2f}ms "
-              f"{added / quiet_added:8.2f}x {m['op_bare'] * 1e3:9.2f}ms {m['op_watched'] / m['op_bare']:13.2f}x")
+    for policy, title in ((1, "advmon (statistics on 1 intra-op thread)"),
+                          (None, "for comparison: statistics on the caller's thread count")):
+        stats.STATISTICS_THREADS = policy
+        print(title)
+        print(f"  {'setting':10} {'bare':>9} {'watched':>9} {'added':>9} {'vs quiet':>9} {'trainer op':>11} "
+              f"{'beside advmon':>14}")
+        quiet_added = None
+        for label, kind, count in (("quiet", "spin", 0), ("1 spin", "spin", 1), ("2 spin", "spin", 2),
+                                   ("1 torch", "torch", 1), ("2 torch", "torch", 2)):
+            with neighbours(kind, count):
+                m = measure(args.calls, monitor)
+            added = m["watched"] - m["bare"]
+            quiet_added = added if quiet_added is None else quiet_added
+            print(f"  {label:10} {m['bare'] * 1e3:7.2f}ms {m['watched'] * 1e3:7.2f}ms {added * 1e3:7.2f}ms "
+                  f"{added / quiet_added:8.2f}x {m['op_bare'] * 1e3:9.2f}ms {m['op_watched'] / m['op_bare']:13.2f}x")
+    stats.STATISTICS_THREADS = 1
     print("  goals: added <= 3x quiet; trainer op beside advmon <= 1.10x")
     print(f"oversubscribed: torch.set_num_threads({2 * (os.cpu_count() or 2)}) with two 2-thread torch neighbours")
     torch.set_num_threads(2 * (os.cpu_count() or 2))
     with neighbours("torch", 2):
         single = measure(args.calls // 2, monitor)
-        with stats.multi_threaded_statistics():
+        stats.STATISTICS_THREADS = None  # the caller's own thread count
+        try:
             multi = measure(args.calls // 2, monitor)
+        finally:
+            stats.STATISTICS_THREADS = 1
     torch.set_num_threads(threads)
     for label, m in (("advmon", single), ("(multi-threaded stats)", multi)):
         print(f"  {label:24} added {(m['watched'] - m['bare']) * 1e3:8.2f} ms per call "

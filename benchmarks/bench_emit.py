@@ -7,6 +7,13 @@
    on sqlite): records per second sustained from the first record to the moment
    every sink has taken the last one.
 
+3. The training thread's cost per record with JSONL, W&B (offline), MLflow (a local
+   ``mlflow server``) and Prometheus all enabled, against JSONL alone: blocks of
+   records alternate between the two monitors (ABAB), medians per record. Goal:
+   within 1.2x.
+4. MLflow draining a backlog to a local ``mlflow server`` (sqlite store): records/s.
+   Goal: >= 1,000.
+
 Usage: python benchmarks/bench_emit.py [--calls N] [--records N]
 """
 
@@ -14,10 +21,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -127,6 +139,91 @@ def real_sinks_throughput(records: int) -> list[str]:
     return lines
 
 
+@contextmanager
+def mlflow_server(workdir: Path):
+    """A real ``mlflow server`` on 127.0.0.1 with a sqlite store; yields its URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mlflow = str(Path(sys.executable).with_name("mlflow"))
+    process = subprocess.Popen(
+        [mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}", "--default-artifact-root", str(workdir / "a")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise
+            time.sleep(0.5)
+    try:
+        yield url
+    finally:
+        os.killpg(process.pid, 15)
+        process.wait()
+
+
+def _record_inputs():
+    g = torch.Generator().manual_seed(1)
+    rewards = torch.randint(0, 2, (512,), generator=g).float()
+    return rewards, rewards - rewards.mean()
+
+
+def all_sinks_training_cost(records: int, url: str) -> list[str]:
+    """Per-record cost on the training thread: all four sinks against JSONL alone."""
+    from advmon.sinks.mlflow import MlflowSink
+    from advmon.sinks.prometheus import PrometheusSink
+    from advmon.sinks.wandb import WandbSink
+
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    workdir = Path(tempfile.mkdtemp(prefix="advmon-bench-"))
+    jsonl_only = advmon.Monitor("bench-jsonl", sinks=[advmon.JsonlSink(workdir / "a.jsonl")], queue_size=records + 10)
+    everything = advmon.Monitor(
+        "bench-everything",
+        sinks=[advmon.JsonlSink(workdir / "b.jsonl"), WandbSink(project="advmon-bench", dir=str(workdir)),
+               MlflowSink(url), PrometheusSink(port=0)],
+        queue_size=records + 10,
+    )
+    rewards, advantages = _record_inputs()
+    for monitor in (jsonl_only, everything):  # runs, servers and files start outside the timing
+        monitor.observe(rewards=rewards, advantages=advantages, group_size=8)
+        monitor.flush(timeout=120)
+    times: dict[str, list[float]] = {"jsonl": [], "all": []}
+    block = 20
+    for _ in range(max(1, records // (2 * block))):
+        for name, monitor in (("jsonl", jsonl_only), ("all", everything)):
+            for _ in range(block):
+                start = time.perf_counter()
+                monitor.observe(rewards=rewards, advantages=advantages, group_size=8)
+                times[name].append(time.perf_counter() - start)
+    jsonl_only.close()
+    everything.close(timeout=120)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    means = {name: statistics.fmean(values) for name, values in times.items()}
+    ratio = medians["all"] / medians["jsonl"]
+    return [
+        f"training thread per record, {len(times['all'])} records each, blocks of {block} alternating:",
+        f"  JSONL only                  median {medians['jsonl'] * 1e3:6.3f} ms   mean {means['jsonl'] * 1e3:6.3f} ms",
+        f"  JSONL+W&B+MLflow+Prometheus median {medians['all'] * 1e3:6.3f} ms   mean {means['all'] * 1e3:6.3f} ms",
+        f"  ratio of medians {ratio:.2f}x (goal <= 1.2x: {'met' if ratio <= 1.2 else 'NOT met'}); "
+        f"ratio of means {means['all'] / means['jsonl']:.2f}x",
+    ]
+
+
+def mlflow_server_drain(records: int, url: str) -> list[str]:
+    from advmon.sinks.mlflow import MlflowSink
+
+    produced, delivered = _throughput("bench-mlflow-server", [MlflowSink(url)], records)
+    return [f"MLflow to a local mlflow server: {delivered:.0f} records/s delivered "
+            f"(goal >= 1000: {'met' if delivered >= 1000 else 'NOT met'}; produced at {produced:.0f}/s)"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=60)
@@ -135,6 +232,9 @@ def main() -> None:
     print(f"bench_emit: torch {torch.__version__}, {torch.get_num_threads()} threads, medians")
     print("\n".join(training_thread_cost(args.calls)))
     print("\n".join(real_sinks_throughput(args.records)))
+    with mlflow_server(Path(tempfile.mkdtemp(prefix="advmon-mlflow-"))) as url:
+        print("\n".join(all_sinks_training_cost(args.records, url)))
+        print("\n".join(mlflow_server_drain(max(args.records, 2000), url)))
 
 
 if __name__ == "__main__":

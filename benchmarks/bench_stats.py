@@ -33,8 +33,9 @@ from pathlib import Path
 
 import torch
 
+import advmon.stats as stats
 from advmon.observation import tensor_part
-from advmon.stats import summarize
+from advmon.stats import statistics_threads, summarize
 
 B, T = 4096, 2048
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
@@ -60,7 +61,37 @@ def straightforward(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, f
 
 
 def advmon_stats(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    return summarize([tensor_part(advantages, mask)])
+    """What a watched call computes, with the intra-op threads a watched call uses."""
+    with statistics_threads():
+        return summarize([tensor_part(advantages, mask)])
+
+
+def advmon_stats_all_threads(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    previous, stats.STATISTICS_THREADS = stats.STATISTICS_THREADS, None
+    try:
+        return advmon_stats(advantages, mask)
+    finally:
+        stats.STATISTICS_THREADS = previous
+
+
+# What the peers log, as they compute it (docs/research.md, section 2), for a like-with-like table.
+def nemo_rl_logged(advantages: torch.Tensor, mask: torch.Tensor) -> list[float]:
+    """NeMo-RL: mean/max/min, unmasked first (then overwritten), masked by the token mask."""
+    unmasked = advantages.mean().item()
+    valid = mask.bool()
+    return [unmasked, advantages[valid].mean().item(), advantages[valid].max().item(), advantages[valid].min().item()]
+
+
+def verl_logged(advantages: torch.Tensor, mask: torch.Tensor) -> list[float]:
+    """verl: ``critic/advantages/{mean,max,min}`` over ``torch.masked_select``."""
+    valid = torch.masked_select(advantages, mask.bool())
+    return [valid.mean().item(), valid.max().item(), valid.min().item()]
+
+
+def trl_logged(advantages: torch.Tensor, mask: torch.Tensor) -> list[float]:
+    """TRL: per-sequence advantages (one per completion), gathered; mean and std."""
+    per_sequence = advantages[:, 0]
+    return [per_sequence.mean().item(), per_sequence.std().item()]
 
 
 def median_seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
@@ -141,13 +172,20 @@ def run(repeats: int, device: torch.device) -> list[str]:
     ):
         t_floor = median_seconds(floor, repeats, device)
         t_advmon = median_seconds(lambda: advmon_stats(advantages, mask), repeats, device)
+        t_all = median_seconds(lambda: advmon_stats_all_threads(advantages, mask), repeats, device)
         t_simple = median_seconds(lambda: straightforward(advantages, mask), max(3, repeats // 3), device)
+        peers = [(peer, median_seconds(lambda f=f: f(advantages, mask), repeats, device))
+                 for peer, f in (("NeMo-RL's mean/max/min", nemo_rl_logged), ("verl's masked_select", verl_logged),
+                                 ("TRL's mean/std", trl_logged))]
         peak = peak_extra_bytes(name, device)
         lines += [
             f"{name}:",
             f"  {floor_name:26} {t_floor * 1e3:9.2f} ms",
-            f"  advmon post_norm stats     {t_advmon * 1e3:9.2f} ms   = {t_advmon / t_floor:6.1f}x {floor_name}",
+            f"  advmon post_norm stats     {t_advmon * 1e3:9.2f} ms   = {t_advmon / t_floor:6.1f}x {floor_name}"
+            f" (1 intra-op thread, as in a watched call)",
+            f"  advmon, caller's threads   {t_all * 1e3:9.2f} ms   = {t_all / t_floor:6.1f}x",
             f"  straightforward stats      {t_simple * 1e3:9.2f} ms   advmon is {t_simple / t_advmon:6.1f}x faster",
+            *[f"  {peer:26} {t * 1e3:9.2f} ms   = {t / t_floor:6.1f}x (what it logs: far less)" for peer, t in peers],
             f"  advmon peak extra memory   {peak / 2**20:9.1f} MiB  = {peak / tensor_bytes:6.2f}x the advantages tensor",
         ]
     return lines

@@ -169,3 +169,31 @@ def test_process_exit_delivers_what_is_queued(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert out.read_text().split() == ["0", "1", "2", "3"]
+
+
+def test_a_sink_with_a_delivery_interval_gets_bursts_and_flush_delivers_at_once():
+    """W&B's run.log is heavy Python: its records go in bursts, not one GIL fight per record."""
+
+    class BurstSink(SlowSink):
+        delivery_interval = 30.0  # far longer than the test: only a drain or a full batch delivers
+
+    burst = BurstSink(0.0)
+    monitor = quiet_monitor("burst", sinks=[burst])
+    for _ in range(3):
+        monitor.observe(rewards=torch.ones(8))
+    time.sleep(0.3)
+    assert burst.steps == []  # held for the burst
+    started = time.perf_counter()
+    monitor.flush(timeout=10)
+    assert burst.steps == [0, 1, 2] and time.perf_counter() - started < 5  # a drain does not wait
+    from advmon.emitter import MAX_BATCH
+
+    for _ in range(MAX_BATCH):
+        monitor.observe(rewards=torch.ones(8))
+    deadline = time.monotonic() + 10
+    while len(burst.steps) < 3 + MAX_BATCH and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert burst.steps == list(range(3 + MAX_BATCH))  # a full batch is a burst of its own
+    monitor.observe(rewards=torch.ones(8))
+    monitor.close()
+    assert burst.steps[-1] == 3 + MAX_BATCH  # close delivers the held rest

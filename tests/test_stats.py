@@ -160,14 +160,25 @@ def test_every_dtype_is_summarised_exactly(dtype, sketch_everything):
     assert_stats_close(summarize([dense_part(x, None)]), value_stats(reference), exact_percentiles=False)
 
 
-@pytest.mark.parametrize("mask_dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+@pytest.mark.parametrize("mask_dtype", [torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16])
 def test_row_valid_counts(mask_dtype):
     rng = np.random.default_rng(9)
-    for values in ([0.0, 1.0, 0.25, -1.0], [0.0, 1.0], [-0.0, 1.0], [0.0, 1.0, float("nan")], [1e-30, 0.0, 1.0]):
+    for values in ([0.0, 1.0, 0.25, -1.0], [0.0, 1.0], [-0.0, 1.0], [0.0, 1.0, float("nan")], [1e-30, 0.0, 1.0],
+                   [float("inf"), -float("inf"), 0.0, 3.0], [5e-324, 0.0], [1.0]):
         mask = rng.choice(values, size=(37, 19))
         counts = row_valid_counts(torch.from_numpy(mask).to(mask_dtype))
         expected = (torch.from_numpy(mask).to(mask_dtype).to(torch.float64) > 0).sum(1)
         assert counts.tolist() == expected.tolist(), values
+
+
+def test_row_valid_counts_of_a_large_mask_read_in_chunks_with_nan_rows():
+    rng = np.random.default_rng(10)
+    mask = (np.arange(2048)[None, :] < rng.integers(0, 2049, (700, 1))).astype(np.float32)  # > one chunk
+    mask[rng.integers(0, 700, 25), rng.integers(0, 2048, 25)] = np.nan
+    mask[3] = rng.choice([0.5, -2.0, 0.0, np.inf], size=2048)
+    counts = row_valid_counts(torch.from_numpy(mask))
+    assert counts.dtype == torch.float64
+    assert counts.numpy().tolist() == (np.nan_to_num(mask, nan=0.0) > 0).sum(1).astype(float).tolist()
 
 
 @settings(max_examples=300, deadline=None)

@@ -63,6 +63,9 @@ class WandbSink(Sink):
     """
 
     name = "wandb"
+    #: Delivered in bursts at most once a second: ``run.log`` is heavy Python, and one
+    #: burst contends with the training thread for the GIL once, not at every record.
+    delivery_interval = 1.0
 
     def __init__(
         self, project: str | None = None, run: Any = None, join_active_run: bool = True, **init_kwargs: Any
