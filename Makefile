@@ -35,6 +35,7 @@ bench: $(DEV_STAMP)
 	$(PY) benchmarks/bench_stats.py
 	$(PY) benchmarks/bench_emit.py
 	$(PY) benchmarks/bench_busy.py
+	$(PY) benchmarks/bench_scaling.py
 	$(PY) benchmarks/bench_report.py --repeat 1
 	$(PY) benchmarks/alert_corpus.py
 
