@@ -73,3 +73,11 @@ class SingleControllerActor:
         import os
 
         return os.getpid()
+
+
+#: How often :func:`users_own_setup_hook` ran (the Ray tests' stand-in for a user's hook).
+HOOK_CALLS: list[int] = []
+
+
+def users_own_setup_hook() -> None:
+    HOOK_CALLS.append(1)

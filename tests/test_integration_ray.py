@@ -466,3 +466,20 @@ def test_nemo_rl_single_controller_records_in_its_actor_at_the_step_it_logs(ray_
         rewards = torch.cat([batches[index][0][1], batches[index][1][1]])
         prompts = torch.cat([batches[index][0][0], batches[index][1][0]])[:, 0]
         check_record(record.metrics, rewards, prompts, torch.cat(advantages[2 * index: 2 * index + 2]))
+
+
+def test_the_setup_hook_never_raises_and_runs_the_users_own_hook_after(monkeypatch, recwarn):
+    import advmon.activation as activation
+    from advmon.integrations.ray import setup_worker
+    from tests import remote_estimators
+
+    monkeypatch.setenv("ADVMON_INSTRUMENT", "this is not a target")
+    monkeypatch.setenv("ADVMON_NEXT_SETUP_HOOK", "tests.remote_estimators.users_own_setup_hook")
+    before = len(remote_estimators.HOOK_CALLS)
+    setup_worker()  # a bad variable: one warning, the worker starts unrecorded
+    assert len(remote_estimators.HOOK_CALLS) == before + 1
+    assert any("not recording in this worker" in str(w.message) for w in recwarn)
+    calls = []
+    setup_worker(then=lambda: calls.append("mine"))  # a callable hook of the user's, chained by runtime_env
+    assert calls == ["mine"]
+    activation.deactivate()
