@@ -139,7 +139,11 @@ class WatchState:
             # A watched estimator calling another one (or super()): the outer call
             # is the record, the inner one would count the same batch twice.
             return None
-        monitor = self.binding.resolve()
+        try:
+            monitor = self.binding.resolve()
+        except Exception as exc:  # noqa: BLE001 - e.g. bad ADVMON_* variables in a worker
+            _warn_unresolved(exc)
+            return None
         if monitor is None:
             return None
         inputs, owner = _bind(self.signature, self.names, args, kwargs, self.fn)
@@ -147,6 +151,19 @@ class WatchState:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (WatchState, (self.fn, self.binding, self.names))
+
+
+_unresolved_warned: set[str] = set()
+
+
+def _warn_unresolved(exc: Exception) -> None:
+    """Once per kind of failure: the call runs unrecorded, the training loop never sees it."""
+    message = f"{type(exc).__name__}: {exc}"
+    if message not in _unresolved_warned:
+        _unresolved_warned.add(message)
+        from advmon.errors import warn
+
+        warn(f"advmon: no monitor for watched calls in this process, they run unrecorded: {message}")
 
 
 def run_watched(state: WatchState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -483,3 +483,17 @@ def test_the_setup_hook_never_raises_and_runs_the_users_own_hook_after(monkeypat
     setup_worker(then=lambda: calls.append("mine"))  # a callable hook of the user's, chained by runtime_env
     assert calls == ["mine"]
     activation.deactivate()
+
+
+def test_bad_advmon_variables_never_reach_the_training_loop(monkeypatch, recwarn):
+    """The process-wide monitor is built on the first call: a bad variable costs a warning, not the call."""
+    previous = advmon.set_monitor(None)
+    monkeypatch.setenv("ADVMON_REWARD_RANGE", "zero to one")
+    try:
+        watched = advmon.watch(lambda prompt_ids, rewards, mask: rewards * 2)
+        for _ in range(3):
+            assert torch.equal(watched(PROMPTS, REWARDS, MASK), REWARDS * 2)
+    finally:
+        advmon.set_monitor(previous)
+    messages = [str(w.message) for w in recwarn if "run unrecorded" in str(w.message)]
+    assert len(messages) == 1 and "ADVMON_REWARD_RANGE" in messages[0]
