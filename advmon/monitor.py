@@ -373,6 +373,14 @@ class Monitor:
     def __repr__(self) -> str:
         return f"Monitor(run={self.run!r}, sinks={self.sinks!r}, strict={self.strict})"
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Threads, files and sockets do not travel; say what does, rather than "cannot pickle RLock".
+        raise TypeError(
+            f"a Monitor (run {self.run!r}) does not pickle: it holds threads, files and sockets. Send the "
+            "watched function or instrumented estimator instead (it finds the monitor of its run where it "
+            "arrives), and configure that process with ADVMON_* variables (docs/integrations.md, Ray)"
+        )
+
     # ------------------------------------------------------------------ hooks' side
 
     def start_call(

@@ -497,3 +497,26 @@ def test_bad_advmon_variables_never_reach_the_training_loop(monkeypatch, recwarn
         advmon.set_monitor(previous)
     messages = [str(w.message) for w in recwarn if "run unrecorded" in str(w.message)]
     assert len(messages) == 1 and "ADVMON_REWARD_RANGE" in messages[0]
+
+
+def test_locally_defined_watched_functions_and_methods_travel_by_value_with_cloudpickle():
+    sink = ListSink()
+    monitor = advmon.Monitor("local-run", sinks=[sink])
+
+    @monitor.watch
+    def compute_advantage(prompt_ids, rewards, mask):
+        return (rewards - rewards.mean()).unsqueeze(-1) * mask
+
+    class Estimator:
+        @monitor.watch
+        def compute_advantage(self, prompt_ids, rewards, mask):
+            return (rewards - rewards.mean()).unsqueeze(-1) * mask
+
+    function = cloudpickle.loads(cloudpickle.dumps(compute_advantage))
+    estimator = cloudpickle.loads(cloudpickle.dumps(Estimator()))
+    assert torch.equal(function(PROMPTS, REWARDS, MASK), compute_advantage(PROMPTS, REWARDS, MASK))
+    estimator.compute_advantage(PROMPTS, REWARDS, MASK)
+    monitor.close()
+    assert len(sink.records) == 3  # the copies found the monitor of their run
+    with pytest.raises(TypeError, match="does not pickle.*ADVMON_"):
+        pickle.dumps(monitor)
