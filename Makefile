@@ -34,7 +34,7 @@ reliability: $(DEV_STAMP) services
 bench: $(DEV_STAMP)
 	$(PY) benchmarks/bench_stats.py
 	$(PY) benchmarks/bench_emit.py
-	$(PY) benchmarks/bench_busy.py
+	$(PY) benchmarks/bench_busy.py --calls 24
 	$(PY) benchmarks/bench_scaling.py
 	$(PY) benchmarks/bench_report.py --repeat 1
 	$(PY) benchmarks/alert_corpus.py

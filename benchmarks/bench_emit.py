@@ -234,7 +234,7 @@ def main() -> None:
     print("\n".join(real_sinks_throughput(args.records)))
     with mlflow_server(Path(tempfile.mkdtemp(prefix="advmon-mlflow-"))) as url:
         print("\n".join(all_sinks_training_cost(args.records, url)))
-        print("\n".join(mlflow_server_drain(max(args.records, 2000), url)))
+        print("\n".join(mlflow_server_drain(max(args.records, 1000), url)))
 
 
 if __name__ == "__main__":
