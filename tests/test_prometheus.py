@@ -193,3 +193,16 @@ def test_the_endpoint_binds_loopback_by_default():
         assert sink._server.server_address[0] == "127.0.0.1"
     finally:
         sink.close()
+
+
+def test_a_free_port_is_logged_for_the_scrape_configuration(caplog):
+    import logging
+
+    from advmon.sinks.prometheus import PrometheusSink
+
+    with caplog.at_level(logging.INFO, logger="advmon"):
+        sink = PrometheusSink(port=0)
+    try:
+        assert f"http://127.0.0.1:{sink.port}/metrics" in caplog.text
+    finally:
+        sink.close()

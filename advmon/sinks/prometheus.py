@@ -20,6 +20,7 @@ Counters: ``advmon_nonfinite_values_total{stage="reward|pre_norm|post_norm",kind
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -199,6 +200,9 @@ class PrometheusSink(_CollectorSink):
         if registry is None and port is not None:
             self._server, _ = self._client.start_http_server(port, addr=host, registry=self.registry)
             self.port = self._server.server_port
+            if port == 0:  # a free port: say which, for the scrape configuration (several workers, one node)
+                logging.getLogger("advmon").info(
+                    "advmon: Prometheus endpoint of process %d at http://%s:%d/metrics", os.getpid(), host, self.port)
 
     def write(self, record: Record) -> None:
         self.collector.update(record)
