@@ -158,3 +158,10 @@ def _free_port() -> int:
     from tests.services import free_port
 
     return free_port()
+
+
+def test_a_ranks_reducing_monitor_is_refused_at_once(tmp_path):
+    monitor = advmon.Monitor("trl-reduce", sinks=[], reduce="ranks")
+    with pytest.raises(advmon.AdvmonConfigError, match="reduce='none'"):
+        trl_run.trainer(tmp_path, monitor)
+    monitor.close()

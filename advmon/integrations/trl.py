@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from advmon.errors import warn
+from advmon.errors import AdvmonConfigError, warn
 from advmon.monitor import Monitor
 
 __all__ = ["AdvmonGRPOMixin", "MonitoredGRPOTrainer"]
@@ -55,6 +55,12 @@ class AdvmonGRPOMixin:
 
     def __init__(self, *args: Any, monitor: Monitor | None = None, eval_monitor: Monitor | None = None,
                  **kwargs: Any) -> None:
+        for given in (monitor, eval_monitor):
+            if given is not None and given.reduce == "ranks":
+                # The mixin gathers every process's advantages itself and only the main process
+                # records: a collective on rank 0 alone would wait for the others forever.
+                raise AdvmonConfigError("the TRL mixin gathers across processes itself: give it a Monitor "
+                                        "with reduce='none' (the default)")
         self.advmon_monitor = monitor
         self.advmon_eval_monitor = eval_monitor
         self._advmon_rewards_per_func: torch.Tensor | None = None
@@ -87,7 +93,10 @@ class AdvmonGRPOMixin:
         rewards = self._advmon_weighted_rewards()
         if not self.accelerator.is_main_process:  # type: ignore[attr-defined]
             return
-        group_size = int(self.num_generations if training else self.num_generations_eval)  # type: ignore[attr-defined]
+        generations = self.num_generations  # type: ignore[attr-defined]
+        if not training:  # TRL before num_generations_eval evaluated with num_generations
+            generations = getattr(self, "num_generations_eval", None) or generations
+        group_size = int(generations)
         if training:
             monitor = self.advmon_monitor if self.advmon_monitor is not None else _process_monitor()
             with monitor.step(int(self.state.global_step) + 1):  # type: ignore[attr-defined]
