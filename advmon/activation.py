@@ -67,18 +67,14 @@ def watch_target(target: Target, module: ModuleType) -> None:
 
         install(None)
         return
-    owner: Any = module
-    parts = target.attribute.split(".") if target.attribute else []
-    for part in parts[:-1]:
-        owner = getattr(owner, part)
-    value = getattr(owner, parts[-1], None) if parts else None
+    value = getattr(module, target.attribute, None) if target.attribute else None
     if value is None:
         raise AdvmonConfigError(f"ADVMON_INSTRUMENT: {target.module} has no attribute {target.attribute!r}")
     if isinstance(value, type):
         instrument(value, None, target.method, target.names)
     elif callable(value):
         if not is_watched(value):
-            setattr(owner, parts[-1], watch_with(value, None, target.names))
+            setattr(module, target.attribute, watch_with(value, None, target.names))
     else:
         raise AdvmonConfigError(f"ADVMON_INSTRUMENT: {target.module}:{target.attribute} is not a class or function")
 
@@ -182,10 +178,11 @@ def install_sigterm_flush() -> bool:
 
     def flush_then_continue(signum: int, frame: Any) -> None:
         # In a thread: the interrupted main thread may hold a monitor's lock.
-        flusher = threading.Thread(target=lifecycle.flush_all, args=(_exit_budget(),), daemon=True,
+        budget = lifecycle.exit_budget()
+        flusher = threading.Thread(target=lifecycle.flush_all, args=(budget,), daemon=True,
                                    name="advmon-sigterm-flush")
         flusher.start()
-        flusher.join(_exit_budget() + 1.0)
+        flusher.join(budget + 1.0)
         if callable(previous):
             previous(signum, frame)
         elif previous != signal.SIG_IGN:
@@ -196,9 +193,3 @@ def install_sigterm_flush() -> bool:
     _sigterm_installed = True
     return True
 
-
-def _exit_budget() -> float:
-    try:
-        return float(os.environ.get(lifecycle.EXIT_TIMEOUT_VARIABLE, lifecycle.DEFAULT_EXIT_TIMEOUT))
-    except ValueError:
-        return lifecycle.DEFAULT_EXIT_TIMEOUT

@@ -46,7 +46,6 @@ from advmon.errors import AdvmonConfigError
 from advmon.hooks import ArgumentNames
 
 __all__ = [
-    "VARIABLES",
     "Target",
     "jsonl_path",
     "monitor_settings",
@@ -55,11 +54,6 @@ __all__ = [
     "step_source_from",
 ]
 
-#: Every variable advmon reads, for ``runtime_env`` and the docs.
-VARIABLES = (
-    "ADVMON_RUN", "ADVMON_SINKS", "ADVMON_DIR", "ADVMON_PER_PROCESS", "ADVMON_REWARD_RANGE",
-    "ADVMON_STEP_SOURCE", "ADVMON_INSTRUMENT", "ADVMON_STRICT", "ADVMON_ALL_RANKS", "ADVMON_EXIT_TIMEOUT",
-)
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 _TARGET = re.compile(r"^\s*(?P<module>[\w.]+)(?::(?P<attribute>[\w.]+))?\s*(?:\((?P<names>[^)]*)\))?\s*$")

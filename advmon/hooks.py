@@ -103,10 +103,11 @@ class Binding:
         found = monitor_of_run(self.run) if self.run is not None else None
         return found if found is not None else default_monitor(self.run)
 
-    def matches(self, monitor: Monitor | None) -> bool:
-        if monitor is None:
-            return self.monitor is None and self.run is None
-        return self.monitor is monitor or (self.monitor is None and self.run == monitor.run)
+    def covers(self, other: Binding) -> bool:
+        """Whether a wrapper bound here already records where ``other`` would."""
+        if other.monitor is None:
+            return self.run == other.run
+        return self.monitor is other.monitor or (self.monitor is None and self.run == other.run)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Binding, (None, self.run))
@@ -298,7 +299,8 @@ def is_watched(fn: Any, monitor: Monitor | None | object = ...) -> bool:
     states = [s for s in states if isinstance(s, WatchState)]
     if monitor is ...:
         return bool(states)
-    return any(s.binding.matches(monitor) for s in states)  # type: ignore[arg-type]
+    wanted = Binding(monitor)  # type: ignore[arg-type]
+    return any(s.binding.covers(wanted) for s in states)
 
 
 def instrument(target: Any, monitor: Monitor | None, method: str, names: ArgumentNames) -> Any:
@@ -312,7 +314,7 @@ def instrument(target: Any, monitor: Monitor | None, method: str, names: Argumen
     """
     _refuse_remote_class(target)
     if isinstance(target, type):
-        return _instrument_class(target, monitor, method, names)
+        return _instrument_class(target, Binding(monitor), method, names)
     bound = getattr(target, method, None)
     if bound is None or not callable(bound):
         raise AdvmonConfigError(f"{type(target).__qualname__} object has no method {method!r}")
@@ -335,20 +337,19 @@ _instrumented_classes: weakref.WeakKeyDictionary[type, dict[str, tuple[ArgumentN
     weakref.WeakKeyDictionary())
 
 
-def _instrument_class(target: type, monitor: Monitor | None, method: str, names: ArgumentNames) -> type:
+def _instrument_class(target: type, binding: Binding, method: str, names: ArgumentNames) -> type:
     try:
         raw = inspect.getattr_static(target, method)
     except AttributeError:
         raise AdvmonConfigError(f"{target.__qualname__} has no method {method!r}") from None
-    if isinstance(raw, (staticmethod, classmethod)):
-        if not is_watched(raw.__func__, monitor):
-            setattr(target, method, type(raw)(watch_with(raw.__func__, monitor, names)))
-    elif callable(raw):
-        if not is_watched(raw, monitor):
-            setattr(target, method, watch_with(raw, monitor, names))
-    else:
+    wrapped = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    if not callable(wrapped):
         raise AdvmonConfigError(f"{target.__qualname__}.{method} is not callable")
-    _instrumented_classes.setdefault(target, {})[method] = (names, None if monitor is None else monitor.run)
+    state = getattr(wrapped, _WATCHED, None)
+    if not (isinstance(state, WatchState) and state.binding.covers(binding)):
+        wrapper = _wrapper(WatchState(wrapped, binding, names))
+        setattr(target, method, type(raw)(wrapper) if wrapped is not raw else wrapper)
+    _instrumented_classes.setdefault(target, {})[method] = (names, binding.run)
     _carry_instances(target)
     return target
 
@@ -384,23 +385,14 @@ def carrying_reduce(cls: type, own: Any, instance: Any, protocol: int) -> Any:
 def arrive_instrumented(cls: type, entries: tuple[Any, ...], constructor: Any, arguments: tuple[Any, ...]) -> Any:
     """Unpickling an instance of an instrumented class: instrument the class here, then build it."""
     for method, names, run in entries:
-        binding = Binding(None, run)
-        raw = inspect.getattr_static(cls, method, None)
-        function = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
-        if not any(s.binding.run == run for s in [getattr(function, _WATCHED, None)] if isinstance(s, WatchState)):
-            wrapper = _wrapper(WatchState(function, binding, names))  # type: ignore[arg-type]
-            setattr(cls, method, type(raw)(wrapper) if isinstance(raw, (staticmethod, classmethod)) else wrapper)
-            _instrumented_classes.setdefault(cls, {})[method] = (names, run)
-    _carry_instances(cls)
+        _instrument_class(cls, Binding(None, run), method, names)
     return constructor(*arguments)
 
 
 def instrumented_classes() -> list[tuple[type, str, ArgumentNames, str | None]]:
     """Classes instrumented in this process: ``(class, method, names, run)``, run ``None`` for the process-wide monitor."""
     return [(cls, method, names, run) for cls, methods in list(_instrumented_classes.items())
-            for method, (names, run) in methods.items()
-            if is_watched(inspect.getattr_static(cls, method, None)) or
-            is_watched(getattr(inspect.getattr_static(cls, method, None), "__func__", None))]
+            for method, (names, run) in methods.items() if is_watched(inspect.getattr_static(cls, method, None))]
 
 
 def _refuse_remote_class(target: Any) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "close_all_again_at_exit",
     "current_default",
     "default_monitor",
+    "exit_budget",
     "flush_all",
     "monitor_of_run",
     "register_run",
@@ -50,7 +51,6 @@ _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _default: Any = None
 _default_factory: Callable[..., Any] | None = None
 _by_run: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-_factory_failed = False
 _lock = threading.RLock()  # the factory runs under it, and a new monitor registers its run
 
 
@@ -76,16 +76,21 @@ def close_all(budget: float | None = None) -> None:
     their sinks' state; each reports what it could not deliver.
     """
     if budget is None:
-        try:
-            budget = float(os.environ.get(EXIT_TIMEOUT_VARIABLE, DEFAULT_EXIT_TIMEOUT))
-        except ValueError:
-            budget = DEFAULT_EXIT_TIMEOUT
+        budget = exit_budget()
     deadline = time.monotonic() + max(budget, 0.0)
     for closable in list(_live):
         try:
             closable.close(timeout=max(deadline - time.monotonic(), 0.0))
         except Exception:  # noqa: BLE001, S110 - never fail the interpreter's exit
             pass
+
+
+def exit_budget() -> float:
+    """Seconds exit (or SIGTERM) may spend delivering: ``ADVMON_EXIT_TIMEOUT``, default 5."""
+    try:
+        return float(os.environ.get(EXIT_TIMEOUT_VARIABLE, DEFAULT_EXIT_TIMEOUT))
+    except ValueError:
+        return DEFAULT_EXIT_TIMEOUT
 
 
 def close_all_again_at_exit() -> None:

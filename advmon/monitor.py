@@ -30,6 +30,7 @@ from advmon.configuration import (
     make_alert_sink,
 )
 from advmon.emitter import Delivery
+from advmon.environment import jsonl_path, monitor_settings
 from advmon.errors import AdvmonConfigError, AdvmonError, warn
 from advmon.hooks import ActiveCall, ArgumentNames, instrument as _instrument, watch_with
 from advmon.observation import (
@@ -141,8 +142,7 @@ class Monitor:
         policy = checked_policy(queue_size, retries)
         self.sinks: list[SinkLike] = []
         if self.enabled and (reduce == "none" or self.rank == 0):
-            jsonl_name = self.run if self.rank == 0 else f"{self.run}.rank{self.rank}"
-            default = Path("advmon-runs") / f"{jsonl_name}.jsonl"
+            default = jsonl_path(Path("advmon-runs"), self.run, self.rank, per_process=False)
             self.sinks = [JsonlSink(default), *sinks_from_env(self.run)] if sinks is None else checked_sinks(sinks, self.run)
             if alerts:
                 self.sinks.append(make_alert_sink(alerts, alert_thresholds))
@@ -631,8 +631,6 @@ def monitor_from_environment(run: str | None = None) -> Monitor:
     ``run`` names it when ``ADVMON_RUN`` does not. Without any variable set this is
     ``Monitor()`` with its defaults.
     """
-    from advmon.environment import jsonl_path, monitor_settings
-
     settings = monitor_settings(run=run)
     directory, per_process = settings.pop("directory"), settings.pop("per_process")
     name = default_run_id() if settings["run"] is None else checked_run(settings["run"])

@@ -132,10 +132,11 @@ def statistics_threads() -> Iterator[None]:
     The statistics are many small, memory-bound ops over cache-sized chunks. With
     more OpenMP threads than free cores (a busy machine: data loaders, reward
     workers, other jobs) every one of those parallel regions waits for a
-    descheduled thread, and a watched call measured at 10 ms took 200-330 ms.
-    With one thread it cannot, and it costs little when the machine is quiet
-    (``benchmarks/bench_busy.py``). ``torch.set_num_threads`` acts on the calling
-    thread's OpenMP setting only and is restored on exit.
+    descheduled thread: ``benchmarks/bench_busy.py`` measured 8-10x the quiet
+    cost beside torch neighbours with two threads, 1.5-3x with one, and a quiet
+    machine pays little for one. ``torch.set_num_threads`` sets the calling
+    thread's OpenMP team size (and torch's process-wide MKL and pthreadpool
+    sizes) and is restored on exit.
     """
     wanted = STATISTICS_THREADS
     previous = torch.get_num_threads()

@@ -82,7 +82,7 @@ def runtime_env(
 
     merged: dict[str, Any] = dict(base or {})
     variables = {str(k): str(v) for k, v in dict(merged.get("env_vars") or {}).items()}
-    targets = [*parse_targets(";".join(instrument))]
+    targets = parse_targets(";".join(instrument))
     if verl:
         targets.append(Target("verl", None, "compute_advantage", ArgumentNames()))
     if carry_instrumented:
@@ -112,7 +112,7 @@ def runtime_env(
 
 
 def _carried() -> list[Target]:
-    """Classes instrumented here that a worker can import by name; refuse those it cannot."""
+    """Classes instrumented here that a worker can import by name (the others travel by value)."""
     targets = []
     for cls, method, names, _run in instrumented_classes():
         module = getattr(cls, "__module__", "")

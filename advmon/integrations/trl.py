@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from advmon.errors import AdvmonConfigError, warn
-from advmon.monitor import Monitor
+from advmon.monitor import Monitor, get_monitor
 
 __all__ = ["AdvmonGRPOMixin", "MonitoredGRPOTrainer"]
 
@@ -87,27 +87,28 @@ class AdvmonGRPOMixin:
         return output
 
     def _advmon_record(self, output: dict[str, Any]) -> None:
-        training = bool(self.model.training)  # type: ignore[attr-defined]
         # A collective: every process gathers, whether or not it records.
         advantages = self.accelerator.gather(output["advantages"].detach())  # type: ignore[attr-defined]
-        rewards = self._advmon_weighted_rewards()
         if not self.accelerator.is_main_process:  # type: ignore[attr-defined]
             return
-        generations = self.num_generations  # type: ignore[attr-defined]
-        if not training:  # TRL before num_generations_eval evaluated with num_generations
-            generations = getattr(self, "num_generations_eval", None) or generations
-        group_size = int(generations)
-        if training:
-            monitor = self.advmon_monitor if self.advmon_monitor is not None else _process_monitor()
-            with monitor.step(int(self.state.global_step) + 1):  # type: ignore[attr-defined]
-                monitor.observe(rewards=rewards, advantages=advantages, group_size=group_size)
+        rewards = self._advmon_weighted_rewards()
+        step = int(self.state.global_step)  # type: ignore[attr-defined]
+        if self.model.training:  # type: ignore[attr-defined]
+            monitor = self._advmon_training_monitor()
+            with monitor.step(step + 1):
+                monitor.observe(rewards=rewards, advantages=advantages, group_size=self.num_generations)  # type: ignore[attr-defined]
             return
+        # TRL before num_generations_eval evaluated with num_generations.
+        group_size = getattr(self, "num_generations_eval", None) or self.num_generations  # type: ignore[attr-defined]
         evaluation = self._advmon_evaluation_monitor()
         if evaluation.step_source is not None:  # evaluation batches of one training step form one record
             evaluation.observe(rewards=rewards, advantages=advantages, group_size=group_size)
         else:
-            with evaluation.step(int(self.state.global_step)):  # type: ignore[attr-defined]
+            with evaluation.step(step):
                 evaluation.observe(rewards=rewards, advantages=advantages, group_size=group_size)
+
+    def _advmon_training_monitor(self) -> Monitor:
+        return self.advmon_monitor if self.advmon_monitor is not None else get_monitor()
 
     def _advmon_weighted_rewards(self) -> torch.Tensor | None:
         """TRL's reward per completion: the weighted ``nansum`` over functions, NaN where none scored."""
@@ -121,18 +122,12 @@ class AdvmonGRPOMixin:
 
     def _advmon_evaluation_monitor(self) -> Monitor:
         if self.advmon_eval_monitor is None:
-            train = self.advmon_monitor if self.advmon_monitor is not None else _process_monitor()
+            train = self._advmon_training_monitor()
             self.advmon_eval_monitor = Monitor(
                 f"{train.run}-eval", reward_range=train.reward_range,
                 step_source=lambda: int(self.state.global_step),  # type: ignore[attr-defined]
             )
         return self.advmon_eval_monitor
-
-
-def _process_monitor() -> Monitor:
-    from advmon.monitor import get_monitor
-
-    return get_monitor()
 
 
 def _trainer_class() -> type:

@@ -44,7 +44,7 @@ class RayMetricsSink(Sink):
         self.collector.update(record)
         for family in self.collector.collect():
             for sample in family.samples:
-                if sample.name.endswith("_created") or math.isnan(sample.value):
+                if math.isnan(sample.value):
                     continue  # no value is no sample, as in the scrape endpoint's text
                 self._gauge(sample.name, family.documentation, tuple(sample.labels)).set(
                     float(sample.value), tags=dict(sample.labels))
