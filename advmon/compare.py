@@ -248,6 +248,7 @@ def write_comparison_html(comparison: Comparison, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from advmon.html_report import write_page
     from advmon.plots import figure_to_svg
 
     a, b = comparison.run_a.name, comparison.run_b.name
@@ -269,16 +270,13 @@ def write_comparison_html(comparison: Comparison, out: Path) -> Path:
     verdict = (f"<p class='bad'>Diverged: first divergence at step {comparison.first_divergence}.</p>"
                if comparison.diverged else "<p class='ok'>Equivalent: no statistic diverged beyond the runs' own noise.</p>")
     table = html.escape(comparison.to_text())
-    page = (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>advmon compare: {html.escape(a)} vs {html.escape(b)}</title><style>"
+    style = (
         "body{font-family:Helvetica,Arial,sans-serif;margin:24px}.ok{color:#2a7a2a;font-weight:600}"
         ".bad{color:#b00020;font-weight:600}.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:14px}"
-        ".plot svg{width:100%;height:auto}pre{font-size:12px}</style></head><body>\n"
-        f"<h1>advmon compare: {html.escape(a)} vs {html.escape(b)}</h1>\n{verdict}\n<pre>{table}</pre>\n"
-        f"<div class='plots'>{''.join(figures)}</div>\n</body></html>\n"
+        ".plot svg{width:100%;height:auto}pre{font-size:12px}"
     )
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
-    return out
+    body = (
+        f"<h1>advmon compare: {html.escape(a)} vs {html.escape(b)}</h1>\n{verdict}\n<pre>{table}</pre>\n"
+        f"<div class='plots'>{''.join(figures)}</div>\n"
+    )
+    return write_page(out, f"advmon compare: {a} vs {b}", style, body)

@@ -22,7 +22,7 @@ from advmon.progress import Progress
 from advmon.rules import Thresholds, rule_named
 from advmon.runs import Run
 
-__all__ = ["AlertRow", "alert_rows", "write_png", "write_report"]
+__all__ = ["AlertRow", "alert_rows", "write_page", "write_png", "write_report"]
 
 
 @dataclass(frozen=True)
@@ -144,13 +144,20 @@ def write_report(run: Run, out: Path, thresholds: Thresholds | None = None, runb
         progress.advance()
         svgs = _figures(run, occurrences, progress)
     plots = "\n".join(f"<figure class='plot'>{svg}</figure>" for svg in svgs)
-    page = (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>advmon report: {html.escape(run.name)}</title><style>{_STYLE}</style></head><body>\n"
+    body = (
         f"{_header(run)}\n<h2>Alerts</h2>\n{_alerts_table(alert_rows(occurrences), runbook_base)}\n"
         "<p class='meta'>Shaded spans on the plots: where a critical (red) or warning (orange) alert was firing.</p>\n"
         f"<h2>Over steps</h2>\n<div class='plots'>\n{plots}\n</div>\n"
-        f"<h2>Last and worst values</h2>\n{_summary_table(run)}\n</body></html>\n"
+        f"<h2>Last and worst values</h2>\n{_summary_table(run)}\n"
+    )
+    return write_page(out, f"advmon report: {run.name}", _STYLE, body)
+
+
+def write_page(out: Path, title: str, style: str, body: str) -> Path:
+    """A self-contained HTML page (``title`` is escaped, ``body`` is HTML) written to ``out``."""
+    page = (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{style}</style></head><body>\n{body}</body></html>\n"
     )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
