@@ -67,14 +67,18 @@ def watch_target(target: Target, module: ModuleType) -> None:
 
         install(None)
         return
-    value = getattr(module, target.attribute, None) if target.attribute else None
+    owner: Any = module
+    *outer, name = (target.attribute or "").split(".")  # module:Outer.Inner.method names a nested class
+    for part in outer:
+        owner = getattr(owner, part, None)
+    value = getattr(owner, name, None) if name else None
     if value is None:
         raise AdvmonConfigError(f"ADVMON_INSTRUMENT: {target.module} has no attribute {target.attribute!r}")
     if isinstance(value, type):
         instrument(value, None, target.method, target.names)
     elif callable(value):
         if not is_watched(value):
-            setattr(module, target.attribute, watch_with(value, None, target.names))
+            setattr(owner, name, watch_with(value, None, target.names))
     else:
         raise AdvmonConfigError(f"ADVMON_INSTRUMENT: {target.module}:{target.attribute} is not a class or function")
 

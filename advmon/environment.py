@@ -74,7 +74,9 @@ class Target:
         defaults = ArgumentNames()
         changed = [f"{k}={getattr(self.names, k)}" for k in ("rewards", "mask", "groups", "group_size")
                    if getattr(self.names, k) != getattr(defaults, k)]
-        method = f".{self.method}" if self.method != "compute_advantage" else ""
+        # A nested class (Outer.Inner) needs its method spelled out, or Inner would read as the method.
+        spelled = self.method != "compute_advantage" or "." in (self.attribute or "")
+        method = f".{self.method}" if spelled else ""
         names = f"({','.join(changed)})" if changed else ""
         return f"{self.module}:{self.attribute}{method}{names}" if self.attribute else self.module
 

@@ -22,6 +22,11 @@ statistics run with one intra-op thread on the caller's thread (see
 ``advmon.stats.statistics_threads``), so the row ``advmon, 4 threads`` shows what a
 user sees there; ``(multi-threaded stats)`` shows what it would be otherwise.
 
+Last, why the trainer's own op can be slower right after a watched call when two
+spinning neighbours hold both cores: the same op timed after 2-thread torch work,
+after the same work on one thread (what advmon's statistics do), and after 10 ms
+of doing nothing.
+
 Usage: python benchmarks/bench_busy.py [--calls N]
 """
 
@@ -94,6 +99,35 @@ def measure(calls: int, monitor: advmon.Monitor) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def pause_probe(repeats: int) -> list[str]:
+    """The trainer op after three kinds of pause, with two spinning neighbours."""
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(512, 1024, generator=g), torch.randn(1024, 512, generator=g)
+    m = torch.rand(512, 1024, generator=g)
+    threads = torch.get_num_threads()
+
+    def work() -> None:
+        for _ in range(60):
+            (m * 2).sum()
+
+    def one_thread_work() -> None:
+        torch.set_num_threads(1)
+        work()
+        torch.set_num_threads(threads)
+
+    pauses = {"2-thread work": work, "1-thread work": one_thread_work, "10 ms idle": lambda: time.sleep(0.01)}
+    times: dict[str, list[float]] = {name: [] for name in pauses}
+    with neighbours("spin", 2):
+        for _ in range(repeats):
+            for name, pause in pauses.items():
+                pause()
+                start = time.perf_counter()
+                trainer_op(x, w)
+                times[name].append(time.perf_counter() - start)
+    return ["trainer op right after a pause, two spinning neighbours (medians):",
+            *[f"  after {name:14} {statistics.median(values) * 1e3:7.2f} ms" for name, values in times.items()]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=40)
@@ -133,6 +167,7 @@ def main() -> None:
         print(f"  {label:24} added {(m['watched'] - m['bare']) * 1e3:8.2f} ms per call "
               f"(bare estimator {m['bare'] * 1e3:.2f} ms)")
     monitor.close()
+    print("\n".join(pause_probe(2 * args.calls)))
 
 
 if __name__ == "__main__":

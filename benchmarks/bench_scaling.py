@@ -48,7 +48,7 @@ def watched_statistics(values: torch.Tensor, mask: torch.Tensor) -> dict[str, fl
 def batch_scaling(repeats: int, max_batch: int) -> list[str]:
     lines = ["time against B*T (T=2048, float32, random response lengths):",
              f"  {'B':>6} {'elements':>9} {'sum pass':>9} {'dense':>9} {'x sum':>6} {'ns/elem':>8}"
-             f" {'mask sum':>9} {'expand':>8} {'x sum':>6}"]
+             f" {'mask sum':>9} {'expand':>8} {'x sum':>6} {'ns/elem':>8}"]
     batch = 512
     while batch <= max_batch:
         generator = torch.Generator().manual_seed(batch)
@@ -64,6 +64,7 @@ def batch_scaling(repeats: int, max_batch: int) -> list[str]:
         lines.append(
             f"  {batch:6d} {elements / 2**20:8.0f}M {t_sum * 1e3:7.2f}ms {t_dense * 1e3:7.1f}ms {t_dense / t_sum:6.1f}"
             f" {t_dense / elements * 1e9:8.2f} {t_mask * 1e3:7.2f}ms {t_expand * 1e3:6.2f}ms {t_expand / t_mask:6.1f}"
+            f" {t_expand / elements * 1e9:8.2f}"
         )
         del dense, expanded, mask
         gc.collect()

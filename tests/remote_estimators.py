@@ -81,3 +81,10 @@ HOOK_CALLS: list[int] = []
 
 def users_own_setup_hook() -> None:
     HOOK_CALLS.append(1)
+
+
+class Holder:
+    """A class nested in another, as an ``ADVMON_INSTRUMENT`` target (``module:Holder.Nested.method``)."""
+
+    class Nested(PlainGRPO):
+        pass

@@ -522,3 +522,22 @@ def test_locally_defined_watched_functions_and_methods_travel_by_value_with_clou
     assert len(sink.records) == 3  # the copies found the monitor of their run
     with pytest.raises(TypeError, match="does not pickle.*ADVMON_"):
         pickle.dumps(monitor)
+
+
+def test_a_nested_class_target_round_trips_and_is_watched_on_import(tmp_path):
+    from advmon.environment import Target, parse_targets
+    from advmon.hooks import ArgumentNames
+
+    nested = Target("tests.remote_estimators", "Holder.Nested", "compute_advantage", ArgumentNames())
+    assert parse_targets(nested.spec) == [nested]
+    code = textwrap.dedent(
+        """
+        import advmon.activation as activation
+        activation.activate()
+        from tests.remote_estimators import Holder
+        from advmon.hooks import is_watched
+        assert is_watched(Holder.Nested.compute_advantage)
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": str(ROOT), "ADVMON_INSTRUMENT": nested.spec})
