@@ -61,7 +61,9 @@ def test_jsonl_mlflow_and_wandb_give_the_same_records(tmp_path, monkeypatch):
     assert wandb.run is None
     from_jsonl = read_run(tmp_path / "r.jsonl")
     from_mlflow = read_run(f"mlflow+{store}#three-ways")
-    (wandb_dir,) = tmp_path.glob("wandb/offline-run-*")
+    from tests.test_wandb import run_file
+
+    wandb_dir = run_file(tmp_path).parent
     from_wandb = read_run(wandb_dir)
     assert from_jsonl.name == from_mlflow.name == from_wandb.name == "three-ways"
     assert from_jsonl.steps == [0, 1, 2]

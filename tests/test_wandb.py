@@ -29,16 +29,30 @@ def offline_wandb(tmp_path, monkeypatch):
 
 
 def run_file(tmp_path):
-    (path,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    """The one offline run file under ``tmp_path``, once W&B has finished writing it.
+
+    ``run.finish()`` can return before W&B's writer (a separate process) has
+    flushed the file, so wait for its closing ``exit`` record.
+    """
+    (path,) = finished_run_files(tmp_path, 1)
     return path
 
 
-def written_rows(tmp_path, count: int) -> list[dict]:
-    """History rows once W&B's writer (a separate process) has flushed ``count`` of them."""
+def finished_run_files(tmp_path, count: int) -> list:
     from .services import wait_for
 
-    wait_for(lambda: len(history_rows(run_file(tmp_path))) >= count, 30, f"{count} W&B history rows")
-    return history_rows(run_file(tmp_path))
+    def finished():
+        files = sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+        return len(files) == count and all(_has_exit_record(f) for f in files)
+
+    wait_for(finished, 30, f"{count} finished W&B run file(s)")
+    return sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+
+
+def _has_exit_record(path) -> bool:
+    from advmon.runs.wandb_file import read_records
+
+    return any(r.WhichOneof("record_type") == "exit" for r in read_records(path))
 
 
 def test_every_value_reaches_the_wandb_file(tmp_path, offline_wandb):
@@ -50,7 +64,7 @@ def test_every_value_reaches_the_wandb_file(tmp_path, offline_wandb):
             estimator.compute_advantage(prompts, rewards, mask)
     monitor.close()
     records = advmon.read_jsonl(tmp_path / "r.jsonl")
-    rows = written_rows(tmp_path, 3)
+    rows = history_rows(run_file(tmp_path))
     assert [row["advmon/step"] for row in rows] == [3, 4, 5]
     for record, row in zip(records, rows):
         for key, value in record.metrics.items():
@@ -94,8 +108,7 @@ def test_a_run_of_its_own_beside_the_trainers(tmp_path, offline_wandb):
         monitor.observe(rewards=torch.tensor([float(step), 0.0]))
     monitor.close()
     trainer_run.finish()
-    files = sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
-    assert len(files) == 2
+    files = finished_run_files(tmp_path, 2)
     by_keys = {("loss" in history_rows(f)[0]): history_rows(f) for f in files}
     assert [row["advmon/step"] for row in by_keys[False]] == [0, 1, 2]
     assert [row["_step"] for row in by_keys[True]] == [0, 1, 2]
