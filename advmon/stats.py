@@ -44,6 +44,31 @@ from typing import Iterable, Literal, Sequence
 import numpy as np
 import torch
 
+from advmon.prefix_sketch import prefix_lengths, prefix_part
+from advmon.sketch_format import (
+    _ABSSUM,
+    _ADDITIVE,
+    _CENTER,
+    _CSUM,
+    _CSUMSQ,
+    _HIST_LEN,
+    _LEVEL,
+    _MAX,
+    _MIN,
+    _N_FINITE,
+    _N_INF,
+    _N_NAN,
+    _N_SCALARS,
+    _N_VALID,
+    _OFFSET,
+    _SKETCH_LEVEL_SHIFT,
+    _TRASH_BIN,
+    SKETCH_BINS,
+    HostPart,
+    Part,
+    host_level,
+)
+
 __all__ = [
     "EXACT_LIMIT",
     "PERCENTILES",
@@ -61,11 +86,6 @@ __all__ = [
 
 #: Inputs with at most this many entries keep their values for exact statistics.
 EXACT_LIMIT = 1 << 16
-#: A histogram bin is at most ``(max - min) / SKETCH_BINS`` wide (a power of two).
-SKETCH_BINS = 512
-_SKETCH_LEVEL_SHIFT = SKETCH_BINS.bit_length() - 1  # log2(SKETCH_BINS)
-_HIST_LEN = 2 * SKETCH_BINS + 2  # bins needed to span [min, max] at the chosen level
-_TRASH_BIN = _HIST_LEN  # invalid entries are counted here and dropped
 #: Row-chunks of about this many elements stay in L2 cache, which avoids the page
 #: faults of full-size temporaries (each costs more than the arithmetic).
 _CHUNK_ELEMENTS = 1 << 17
@@ -87,37 +107,6 @@ VALUE_KEYS: tuple[str, ...] = (
     "nan_count",
     "inf_count",
 ) + tuple(name for name, _ in PERCENTILES)
-
-# Layout of a sketch part's scalar tensor.
-# Counts and the absolute sum add up across parts; the centered sums are taken
-# around the part's own center (the midpoint of its range) and shifted to merge.
-_N_VALID, _N_NAN, _N_INF, _N_FINITE, _ABSSUM, _MIN, _MAX, _CENTER, _CSUM, _CSUMSQ, _LEVEL, _OFFSET = range(12)
-_N_SCALARS = 12
-_ADDITIVE = slice(_N_VALID, _ABSSUM + 1)
-
-
-@dataclass(frozen=True)
-class Part:
-    """Statistics of one tensor from one call, still on the tensor's device.
-
-    ``kind == "exact"``: ``tensors == (values, weights)``, float64 copies; an entry
-    with weight 0 is not valid, weight ``w`` counts it ``w`` times (a row of a
-    zero-stride expand view stands for its valid tokens).
-
-    ``kind == "sketch"``: ``tensors == (scalars, histogram)``, see :func:`dense_part`.
-    """
-
-    kind: Literal["exact", "sketch"]
-    tensors: tuple[torch.Tensor, ...]
-
-
-@dataclass(frozen=True)
-class HostPart:
-    """A :class:`Part` after the transfer: the same layout as NumPy arrays."""
-
-    kind: Literal["exact", "sketch"]
-    arrays: tuple[np.ndarray, ...]
-
 
 # --------------------------------------------------------------------------- threads
 
@@ -295,10 +284,22 @@ def _sketch(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
     zeros or copies of valid values).
     """
     if values.device.type == "cpu":
+        part = _sketch_prefix(values, valid)
+        if part is not None:
+            return part
         part = _sketch_one_pass(values, valid)
         if part is not None:
             return part
     return _sketch_two_passes(values, valid)
+
+
+def _sketch_prefix(values: torch.Tensor, valid: torch.Tensor | None) -> Part | None:
+    """The fast path for prefix masks (see :mod:`advmon.prefix_sketch`); ``None`` where it does not apply."""
+    if valid is None:
+        lengths = torch.full((values.shape[0],), values.shape[1], dtype=torch.int64)
+    else:
+        lengths = prefix_lengths(valid)
+    return None if lengths is None else prefix_part(values, lengths)
 
 
 def _row_chunks(values: torch.Tensor, valid: torch.Tensor | None, buffers: int):
@@ -544,14 +545,6 @@ def _histogram_level(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tenso
 
 
 # --------------------------------------------------------------------------- host
-
-
-def host_level(low: float, high: float) -> int:
-    """Host twin of the device's level rule (see ``_histogram_level``)."""
-    spread = high - low
-    largest_exp = math.frexp(max(abs(low), abs(high)))[1]
-    level = math.frexp(spread)[1] - 1 - _SKETCH_LEVEL_SHIFT if spread > 0 else largest_exp - 62
-    return max(level, largest_exp - 62)
 
 
 def summarize(parts: Iterable[Part | HostPart]) -> dict[str, float]:

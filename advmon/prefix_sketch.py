@@ -1,0 +1,315 @@
+"""The fast sketch of a large CPU tensor under a prefix mask (ones, then zeros, per row).
+
+Most token masks are prefix masks: a response's tokens, then padding. For them
+the valid entries of each row are one contiguous run, ``values[r, :length[r]]``,
+so the statistics never need to read the padding or multiply by the mask:
+
+1. **Proof.** One pass over the mask gives each row's indicator ``mask > 0`` as
+   0/1 floats, its row sum ``c`` and its index sum ``sum(j * indicator[j])``.
+   The ``c`` ones sit at positions ``0..c-1`` exactly when the index sum is
+   ``c (c - 1) / 2``, the smallest sum of ``c`` distinct positions. The sums
+   are of whole numbers below ``2**24`` (float32) or ``2**53`` (float64), so
+   they are exact. Any row that fails sends the whole tensor to the general
+   sketch in :mod:`advmon.stats`.
+2. **Gather.** Rows sorted by length are taken in groups; a group's rectangle
+   (its rows up to its shortest length) is copied with one ``index_select``,
+   and the ragged rest of every group, at most ``GROUP_ROWS * T`` entries in
+   all, is gathered once at the end. Blocks of about ``BLOCK_ELEMENTS`` dense
+   valid values are then processed in cache.
+3. **Statistics.** Moments are float64 sums around each block's midpoint,
+   shifted to the whole range's midpoint as parts merge; extrema come from
+   ``aminmax``. The histogram's range is guessed from a few values of every
+   row (the first, middle and last valid one) with wide margins; if a block
+   holds a value outside the guess, the histogram alone is made again in a
+   second pass with the true range. A non-finite value anywhere in the valid
+   entries sends the tensor to the general sketch (which counts NaN and Inf).
+
+The result is a :class:`~advmon.sketch_format.Part` with the same layout, level rule and
+bins as the general sketch, so the two merge, and every statistic stays what
+the general path computes (``tests/test_prefix_sketch.py`` checks them against
+NumPy and against the general sketch, bin for bin).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from advmon.sketch_format import _HIST_LEN, Part, host_level
+
+__all__ = ["prefix_lengths", "prefix_part"]
+
+#: Sorted rows gathered per ``index_select``; the ragged rest is at most this many rows' worth.
+GROUP_ROWS = 64
+#: Dense valid values processed at once (float32 and its float64 copy stay in L2 cache).
+BLOCK_ELEMENTS = 1 << 17
+#: Bins of the first-pass histogram: the guessed range takes at most 1026, the rest is margin.
+_GUESS_BINS = 4096
+#: Rows proven per chunk of the mask pass.
+_PROOF_CHUNK_ELEMENTS = 1 << 19
+
+
+def _workspace(size: int, dtype: torch.dtype, kept: dict) -> torch.Tensor:
+    """A buffer of at least ``size`` elements, reused through ``kept`` for the rest of one call."""
+    buffer = kept.get(dtype)
+    if buffer is None or buffer.numel() < size:
+        buffer = kept[dtype] = torch.empty(max(size, BLOCK_ELEMENTS), dtype=dtype)
+    return buffer[:size]
+
+
+def prefix_lengths(valid: torch.Tensor) -> torch.Tensor | None:
+    """Valid length of every row of a 2-D CPU mask, or ``None`` if a row is not a prefix.
+
+    Entries count as valid where ``valid > 0`` (NaN is not), as everywhere in advmon.
+
+    Example:
+        >>> prefix_lengths(torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])).tolist()
+        [2, 0]
+        >>> prefix_lengths(torch.tensor([[1.0, 0.0, 1.0]])) is None
+        True
+    """
+    rows, cols = valid.shape
+    dtype = torch.float32 if cols <= 4096 else torch.float64  # c (c - 1) exact below 2**24
+    if cols >= 1 << 26:
+        return None
+    step = max(1, _PROOF_CHUNK_ELEMENTS // max(cols, 1))
+    indicator = torch.empty((min(step, rows), cols), dtype=dtype)
+    positions = torch.arange(cols, dtype=dtype)
+    counts = torch.empty(rows, dtype=dtype)
+    index_sums = torch.empty(rows, dtype=dtype)
+    for start in range(0, rows, step):
+        chunk = valid[start : start + step]
+        ones = torch.gt(chunk, 0, out=indicator[: chunk.shape[0]])
+        torch.sum(ones, dim=1, out=counts[start : start + chunk.shape[0]])
+        torch.mv(ones, positions, out=index_sums[start : start + chunk.shape[0]])
+    if not torch.equal(index_sums, counts * (counts - 1) / 2):
+        return None
+    return counts.to(torch.int64)
+
+
+def prefix_part(values: torch.Tensor, lengths: torch.Tensor) -> Part | None:
+    """Sketch of ``values[r, :lengths[r]]`` over all rows; ``None`` where the general sketch must do it.
+
+    ``values`` is a 2-D CPU tensor (float32 or float64, rows contiguous).
+    ``None`` comes back when a valid entry is NaN or Inf, or nothing is valid.
+
+    Example:
+        >>> from advmon.stats import summarize
+        >>> x = torch.arange(12.0).reshape(3, 4)
+        >>> part = prefix_part(x, torch.tensor([4, 2, 0]))
+        >>> s = summarize([part])
+        >>> s["count"], s["mean"], s["max"]
+        (6.0, 2.5, 5.0)
+    """
+    if values.dtype not in (torch.float32, torch.float64) or values.stride(1) != 1:
+        return None
+    total = int(lengths.sum())
+    if total == 0:
+        return None
+    layout = _Layout(values, lengths)
+    guess = _guess_range(values, layout)
+    if guess is None:
+        return None
+    window = _Window.around(*guess)
+    if not -1000 < window.level < 1000:
+        return None  # 2**-level would leave float64's range: the general sketch scales in two steps
+    sums = _BlockSums(values.dtype, window)
+    for block in layout.blocks():
+        if not sums.add(block):
+            return None  # a NaN or Inf among the valid values
+    low, high = sums.extrema()
+    level, offset = _canonical_level(low, high)
+    if not -1000 < level < 1000:
+        return None
+    if sums.window_missed:
+        histogram = _histogram_pass(layout, level, offset)
+    else:
+        histogram = window.coarsened(sums.histogram, level, offset)
+    n = float(total)
+    scalars = torch.tensor(
+        [n, 0.0, 0.0, n, sums.abs_sum(), low, high, *sums.centered(), float(level), float(offset)],
+        dtype=torch.float64,
+    )
+    return Part("sketch", (scalars, histogram))
+
+
+class _Layout:
+    """Where the valid entries are: sorted row groups, their rectangles and the ragged rest."""
+
+    def __init__(self, values: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.values = values
+        self.lengths = lengths
+        order = torch.argsort(lengths, descending=True, stable=True)
+        sorted_lengths = lengths[order]
+        # Sorted descending, a group's shortest row is its last one.
+        group_width = sorted_lengths[min(GROUP_ROWS, len(order)) - 1 :: GROUP_ROWS]
+        if len(order) % GROUP_ROWS:
+            group_width = torch.cat([group_width, sorted_lengths[-1:]])
+        self.groups = [(rows, width) for rows, width in zip(order.split(GROUP_ROWS), group_width.tolist()) if width > 0]
+        # The ragged rest: each row past its group's width.
+        first = torch.repeat_interleave(group_width, GROUP_ROWS)[: len(order)]
+        extra = sorted_lengths - first
+        self.ragged = None
+        if bool((extra > 0).any()):
+            keep = extra > 0
+            rows, first, extra = order[keep], first[keep], extra[keep]
+            ends = torch.cumsum(extra, 0)
+            within = torch.arange(int(ends[-1])) - torch.repeat_interleave(ends - extra, extra)
+            self.ragged = (torch.repeat_interleave(rows, extra), torch.repeat_interleave(first, extra) + within)
+
+    def blocks(self):
+        """Yield 1-D tensors of valid values, about ``BLOCK_ELEMENTS`` each (a reused buffer)."""
+        values = self.values
+        widest = max((width for _, width in self.groups), default=0)
+        buffer = torch.empty(BLOCK_ELEMENTS + GROUP_ROWS * widest, dtype=values.dtype)
+        filled = 0
+        for rows, width in self.groups:
+            size = rows.numel() * width
+            torch.index_select(values[:, :width], 0, rows, out=buffer[filled : filled + size].view(rows.numel(), width))
+            filled += size
+            if filled >= BLOCK_ELEMENTS:
+                yield buffer[:filled]
+                filled = 0
+        if filled:
+            yield buffer[:filled]
+        if self.ragged is not None:
+            row_index, column_index = self.ragged
+            for start in range(0, row_index.numel(), BLOCK_ELEMENTS):
+                yield values[row_index[start : start + BLOCK_ELEMENTS], column_index[start : start + BLOCK_ELEMENTS]]
+
+
+def _guess_range(values: torch.Tensor, layout: _Layout) -> tuple[float, float] | None:
+    """Range of the first, middle and last valid value of every non-empty row (``None``: non-finite)."""
+    lengths = layout.lengths
+    rows = torch.nonzero(lengths > 0).squeeze(1)
+    last = lengths[rows] - 1
+    columns = torch.cat([torch.zeros_like(last), last // 2, last])
+    sample = values[rows.repeat(3), columns]
+    low, high = (float(v) for v in torch.aminmax(sample))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    return low, high
+
+
+def _canonical_level(low: float, high: float) -> tuple[int, int]:
+    """The general sketch's bin level and first bin for the range ``[low, high]``."""
+    level = host_level(low, high)
+    return level, math.floor(math.ldexp(low, -level))
+
+
+class _Window:
+    """The first pass's histogram: ``_GUESS_BINS`` bins of width ``2**level`` from bin ``first``."""
+
+    def __init__(self, level: int, anchor: int, margin: int) -> None:
+        # Bins are floor(x / 2**level) - anchor + margin. ``anchor`` is the guess's own
+        # first bin, a whole number every float dtype holds exactly (it is the floor of
+        # a float); ``anchor - margin`` may not be, so the two are subtracted apart.
+        self.level, self.anchor, self.margin = level, anchor, margin
+        first = self.first = anchor - margin
+        self.scale = math.ldexp(1.0, -level)
+        # Inclusive value bounds that certainly fall inside the window's bins.
+        self.low = math.ldexp(float(first), level)
+        self.high = math.ldexp(float(first + _GUESS_BINS), level)
+
+    @classmethod
+    def around(cls, low: float, high: float) -> "_Window":
+        level, anchor = _canonical_level(low, high)
+        span = math.floor(math.ldexp(high, -level)) - anchor + 1
+        return cls(level, anchor, (_GUESS_BINS - span) // 2)
+
+    def holds(self, low: float, high: float) -> bool:
+        return self.low <= low and high < self.high
+
+    def coarsened(self, histogram: torch.Tensor, level: int, first: int) -> torch.Tensor:
+        """The window's counts as the general sketch's histogram at ``level`` from bin ``first``."""
+        occupied = torch.nonzero(histogram).squeeze(1)
+        absolute = occupied + self.first
+        coarse = torch.div(absolute, 1 << (level - self.level), rounding_mode="floor") - first
+        out = torch.zeros(_HIST_LEN, dtype=torch.float64)
+        out.index_add_(0, coarse, histogram[occupied].to(torch.float64))
+        return out
+
+
+class _BlockSums:
+    """Running moments, extrema and window histogram over blocks of valid values."""
+
+    def __init__(self, dtype: torch.dtype, window: _Window) -> None:
+        self.window = window
+        self.sizes: list[int] = []
+        self.window_missed = False
+        self.histogram = torch.zeros(_GUESS_BINS, dtype=torch.int64)
+        self.rows: list[torch.Tensor] = []
+        self.lows: list[float] = []
+        self.highs: list[float] = []
+        # Scaling float32 values by a power of two is exact unless a tiny value
+        # underflows, possible only at coarse levels; float64 is exact for any float32.
+        self._bin_in_float32 = dtype == torch.float32 and -120 < window.level <= 0
+        # One subtraction where the dtype holds the window's first bin exactly.
+        self._first_exact = abs(window.first) < (1 << 24 if self._bin_in_float32 else 1 << 53)
+        self._scaled_dtype = torch.float32 if self._bin_in_float32 else torch.float64
+        self._float64: dict = {}
+        self._magnitudes: dict = {}
+        self._scaled: dict = {}
+        self._bins: dict = {}
+
+    def add(self, block: torch.Tensor) -> bool:
+        low, high = (float(v) for v in torch.aminmax(block))
+        if not (math.isfinite(low) and math.isfinite(high)):
+            return False
+        self.lows.append(low)
+        self.highs.append(high)
+        copy = block if block.dtype == torch.float64 else _workspace(block.numel(), torch.float64, self._float64).copy_(block)
+        if not self.window_missed and self.window.holds(low, high):
+            self._count_bins(block if self._bin_in_float32 else copy)
+        else:
+            self.window_missed = True
+        abs_sum = torch.abs(copy, out=_workspace(copy.numel(), torch.float64, self._magnitudes)).sum()
+        copy.sub_(low / 2 + high / 2)  # halves first: no overflow near the float limits
+        self.sizes.append(block.numel())
+        self.rows.append(torch.stack([abs_sum, copy.sum(), torch.dot(copy, copy)]))
+        return True
+
+    def _count_bins(self, block: torch.Tensor) -> None:
+        """Add ``floor(x / 2**level) - first`` of every value to the window histogram."""
+        scaled = torch.mul(block, self.window.scale, out=_workspace(block.numel(), self._scaled_dtype, self._scaled))
+        scaled.floor_()
+        if self._first_exact:
+            scaled.sub_(self.window.first)
+        else:
+            scaled.sub_(self.window.anchor).add_(self.window.margin)
+        bins = _workspace(block.numel(), torch.int32, self._bins).copy_(scaled)
+        self.histogram += torch.bincount(bins, minlength=_GUESS_BINS)
+
+    def extrema(self) -> tuple[float, float]:
+        return min(self.lows), max(self.highs)
+
+    def abs_sum(self) -> float:
+        return float(torch.stack(self.rows)[:, 0].sum())
+
+    def centered(self) -> tuple[float, float, float]:
+        """(center, sum of x - center, sum of (x - center)**2) at the midpoint of the whole range.
+
+        Each block's sums are around its own midpoint; they are shifted as the
+        general sketch's parts are when they merge (see ``advmon.stats._sketch_summary``).
+        """
+        low, high = self.extrema()
+        center = low / 2 + high / 2
+        table = torch.stack(self.rows)[:, 1:].tolist()
+        first_sum = second_sum = 0.0
+        for (block_first, block_second), n, block_low, block_high in zip(table, self.sizes, self.lows, self.highs):
+            shift = (block_low / 2 + block_high / 2) - center
+            first_sum += block_first + n * shift
+            second_sum += block_second + 2 * shift * block_first + n * shift * shift
+        return center, first_sum, second_sum
+
+
+def _histogram_pass(layout: _Layout, level: int, first: int) -> torch.Tensor:
+    """The histogram at the general sketch's level, in a second pass (the guess missed)."""
+    histogram = torch.zeros(_HIST_LEN, dtype=torch.float64)
+    scale = math.ldexp(1.0, -level)
+    for block in layout.blocks():
+        scaled = block.to(torch.float64).mul_(scale).floor_().sub_(first)
+        histogram += torch.bincount(scaled.to(torch.int64), minlength=_HIST_LEN)
+    return histogram
+

@@ -1,0 +1,216 @@
+"""The prefix-mask fast path against NumPy and against the general sketch, bin for bin."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from advmon import prefix_sketch, stats
+from advmon.prefix_sketch import prefix_lengths, prefix_part
+from advmon.stats import dense_part, summarize
+
+from .reference import assert_stats_close, value_stats
+
+FINITE_ADVERSARIAL = [0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 1e30, -1e30, 3.4e38, -3.4e38, 1e-45, -1e-45, 0.3]
+
+
+def prefix_mask(lengths, cols: int, kind: str = "float") -> torch.Tensor:
+    mask = torch.arange(cols) < torch.as_tensor(lengths).unsqueeze(-1)
+    if kind == "bool":
+        return mask
+    if kind == "int":
+        return mask.long()
+    if kind == "weights":  # validity is ``> 0``: any positive weight inside, anything <= 0 outside
+        return torch.where(mask, torch.full(mask.shape, 0.25), torch.full(mask.shape, -2.0))
+    return mask.float()
+
+
+def general_part(values: torch.Tensor, mask: torch.Tensor) -> stats.Part:
+    """What the general two-pass sketch makes of the same input."""
+    return stats._sketch_two_passes(values, mask)
+
+
+def assert_same_sketch(fast: stats.Part, general: stats.Part) -> None:
+    """Same counts, extrema, level, offset and histogram; moments to float64 rounding.
+
+    Rounding is relative to the data's scale (the largest magnitude): float64 sums in
+    another order differ there, e.g. ``1 + 1e30 - 1e30``.
+    """
+    f_scalars, f_hist = (t.numpy() for t in fast.tensors)
+    g_scalars, g_hist = (t.numpy() for t in general.tensors)
+    np.testing.assert_array_equal(f_hist, g_hist)
+    for index in (stats._N_VALID, stats._N_NAN, stats._N_INF, stats._N_FINITE, stats._MIN, stats._MAX,
+                  stats._LEVEL, stats._OFFSET):
+        assert f_scalars[index] == g_scalars[index], index
+    f_summary, g_summary = summarize([fast]), summarize([general])
+    for key, value in g_summary.items():
+        if key.startswith("p") or key in ("min", "max", "count", "nan_count", "inf_count"):
+            assert f_summary[key] == value, key
+        else:
+            scale = max(abs(g_summary["min"]), abs(g_summary["max"]), abs(value))
+            assert abs(f_summary[key] - value) <= 1e-12 * scale, key
+
+
+@st.composite
+def prefix_cases(draw):
+    rows = draw(st.integers(1, 40))
+    cols = draw(st.integers(1, 40))
+    lengths = draw(st.lists(st.integers(0, cols), min_size=rows, max_size=rows))
+    element = st.one_of(st.floats(width=32, allow_nan=False, allow_infinity=False), st.sampled_from(FINITE_ADVERSARIAL))
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    x = np.array(draw(st.lists(element, min_size=rows * cols, max_size=rows * cols)), dtype=dtype).reshape(rows, cols)
+    kind = draw(st.sampled_from(["float", "bool", "int", "weights"]))
+    padding = draw(st.sampled_from([None, math.nan, math.inf, 7.0]))
+    return x, lengths, kind, padding
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=prefix_cases())
+def test_prefix_path_matches_numpy_and_the_general_sketch(case):
+    x, lengths, kind, padding = case
+    values = torch.from_numpy(x.copy())
+    mask = prefix_mask(lengths, x.shape[1], kind)
+    if padding is not None:
+        values[~(mask > 0)] = padding  # whatever the padding holds is never read
+    found = prefix_lengths(mask)
+    assert found is not None and found.tolist() == list(lengths)
+    fast = prefix_part(values, found)
+    reference = value_stats(values.numpy(), (mask > 0).numpy())
+    if sum(lengths) == 0:
+        assert fast is None  # nothing valid: the general sketch reports the counts
+        return
+    if fast is None:  # only where 2**-level leaves float64 (values near the float32 limits)
+        assert not -1000 < stats.host_level(reference["min"], reference["max"]) < 1000 or (
+            not -1000 < stats.host_level(*_guess(values, lengths)) < 1000
+        )
+        return
+    assert_stats_close(summarize([fast]), reference, exact_percentiles=False)
+    assert_same_sketch(fast, general_part(values, mask))
+
+
+def _guess(values, lengths):
+    picks = [values[r, j].item() for r, c in enumerate(lengths) if c for j in (0, (c - 1) // 2, c - 1)]
+    return min(picks), max(picks)
+
+
+@pytest.mark.parametrize("kind", ["float", "bool", "int", "weights"])
+def test_large_prefix_masks_take_the_fast_path_and_agree_bin_for_bin(kind, monkeypatch):
+    generator = torch.Generator().manual_seed(3)
+    rows, cols = 700, 300
+    lengths = torch.randint(0, cols + 1, (rows,), generator=generator)
+    lengths[:40] = cols  # full rows
+    lengths[40:60] = 0  # rows with nothing valid
+    values = torch.randn(rows, cols, generator=generator) * 3 + 0.5
+    mask = prefix_mask(lengths, cols, kind)
+    taken = []
+    real = stats.prefix_part
+    monkeypatch.setattr(stats, "prefix_part", lambda *a: taken.append(real(*a)) or taken[-1])
+    part = dense_part(values, mask)
+    assert taken and taken[0] is part  # dense_part went through the fast path
+    assert_stats_close(summarize([part]), value_stats(values.numpy(), (mask > 0).numpy()), exact_percentiles=False)
+    assert_same_sketch(part, general_part(values, mask))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda g: torch.randn(500, 257, generator=g) * 1e-3 + 1000.0,  # first bin too large for float32
+        lambda g: torch.randn(500, 257, generator=g) * 1e4,  # coarse level: bins in float64
+        lambda g: torch.rand(500, 257, generator=g).pow(-3),  # heavy tail: the guessed range misses
+        lambda g: torch.randint(0, 2, (500, 257), generator=g).float(),  # two values only
+        lambda g: torch.full((500, 257), -2.5),  # constant
+        lambda g: torch.randn(500, 257, generator=g, dtype=torch.float64) * 1e-200,  # float64 values
+    ],
+    ids=["offset", "coarse", "heavy-tail", "binary", "constant", "float64-tiny"],
+)
+def test_hard_ranges_agree_with_the_general_sketch(make):
+    generator = torch.Generator().manual_seed(11)
+    values = make(generator)
+    lengths = torch.randint(0, values.shape[1] + 1, (values.shape[0],), generator=generator)
+    mask = prefix_mask(lengths, values.shape[1])
+    part = prefix_part(values, prefix_lengths(mask))
+    assert part is not None
+    assert_stats_close(summarize([part]), value_stats(values.numpy(), mask.numpy()), exact_percentiles=False)
+    assert_same_sketch(part, general_part(values, mask))
+
+
+def test_the_guessed_range_missing_a_value_makes_the_histogram_again(monkeypatch):
+    values = torch.zeros(300, 300)
+    values[:, 1] = torch.linspace(-1, 1, 300)  # the sample never sees column 1 of a 300-long row
+    values[7, 5] = 1e6
+    mask = torch.ones(300, 300)
+    calls = []
+    real = prefix_sketch._histogram_pass
+    monkeypatch.setattr(prefix_sketch, "_histogram_pass", lambda *a: calls.append(1) or real(*a))
+    part = prefix_part(values, prefix_lengths(mask))
+    assert calls == [1]
+    assert_same_sketch(part, general_part(values, mask))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_valid_value_leaves_it_to_the_general_sketch(bad):
+    values = torch.randn(300, 300)
+    values[100, 3] = bad
+    mask = prefix_mask(torch.full((300,), 200), 300)
+    assert prefix_part(values, prefix_lengths(mask)) is None
+    got = summarize([dense_part(values, mask)])
+    assert_stats_close(got, value_stats(values.numpy(), mask.numpy()), exact_percentiles=False)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda m: m.__setitem__((3, 0), 0.0),  # a hole at the start
+        lambda m: m.__setitem__((3, 250), 1.0),  # a one after the zeros
+        lambda m: m.__setitem__((5, slice(None)), torch.arange(300) % 2),  # alternating
+        lambda m: m.__setitem__((6, 10), math.nan),  # NaN is not > 0: a hole
+    ],
+    ids=["hole", "late-one", "alternating", "nan"],
+)
+def test_masks_that_are_not_prefixes_are_refused_and_still_exact(spoil):
+    mask = prefix_mask(torch.full((300,), 200), 300)
+    spoil(mask)
+    assert prefix_lengths(mask) is None
+    values = torch.randn(300, 300)
+    got = summarize([dense_part(values, mask)])
+    assert_stats_close(got, value_stats(values.numpy(), mask.numpy()), exact_percentiles=False)
+
+
+def test_long_rows_are_proven_in_float64():
+    cols = 6000  # c (c - 1) passes 2**24: float32 sums would not be exact
+    lengths = torch.tensor([cols, cols - 1, 4097, 0, 1])
+    assert prefix_lengths(prefix_mask(lengths, cols)).tolist() == lengths.tolist()
+    mask = prefix_mask(lengths, cols)
+    mask[0, 5999], mask[0, 0] = 0.0, 1.0
+    mask[1, 0], mask[1, 5999] = 0.0, 1.0  # same count, same index sum in float32 only by rounding
+    assert prefix_lengths(mask) is None
+
+
+def test_without_a_mask_every_row_is_full():
+    values = torch.randn(400, 300)
+    part = dense_part(values, None)
+    assert_stats_close(summarize([part]), value_stats(values.numpy()), exact_percentiles=False)
+    assert_same_sketch(part, stats._sketch_two_passes(values, None))
+
+
+def test_a_range_wider_than_the_guess_but_inside_the_window_is_coarsened_exactly(monkeypatch):
+    generator = torch.Generator().manual_seed(5)
+    values = torch.rand(400, 301, generator=generator) * 6 - 3  # [-3, 3]
+    values[:, [0, 150, 300]] /= 3  # the sampled first, middle and last values span [-1, 1]
+    mask = torch.ones(400, 301)
+    shifts = []
+    real = prefix_sketch._Window.coarsened
+
+    def spy(window, histogram, level, first):
+        shifts.append(level - window.level)
+        return real(window, histogram, level, first)
+
+    monkeypatch.setattr(prefix_sketch._Window, "coarsened", spy)
+    part = prefix_part(values, prefix_lengths(mask))
+    assert shifts and shifts[0] >= 1
+    assert_same_sketch(part, general_part(values, mask))
