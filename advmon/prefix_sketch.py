@@ -38,7 +38,7 @@ import torch
 
 from advmon.sketch_format import _HIST_LEN, Part, host_level
 
-__all__ = ["prefix_lengths", "prefix_part"]
+__all__ = ["indicator_chunks", "prefix_lengths", "prefix_part"]
 
 #: Sorted rows gathered per ``index_select``; the ragged rest is at most this many rows' worth.
 GROUP_ROWS = 64
@@ -46,8 +46,6 @@ GROUP_ROWS = 64
 BLOCK_ELEMENTS = 1 << 17
 #: Bins of the first-pass histogram: the guessed range takes at most 1026, the rest is margin.
 _GUESS_BINS = 4096
-#: Rows proven per chunk of the mask pass.
-_PROOF_CHUNK_ELEMENTS = 1 << 19
 
 
 def _workspace(size: int, dtype: torch.dtype, kept: dict) -> torch.Tensor:
@@ -56,6 +54,22 @@ def _workspace(size: int, dtype: torch.dtype, kept: dict) -> torch.Tensor:
     if buffer is None or buffer.numel() < size:
         buffer = kept[dtype] = torch.empty(max(size, BLOCK_ELEMENTS), dtype=dtype)
     return buffer[:size]
+
+
+def indicator_chunks(mask: torch.Tensor, dtype: torch.dtype = torch.float32, chunk_elements: int = 1 << 19):
+    """Yield ``(first row, 0/1 indicator of mask > 0)`` for row chunks of a 2-D mask.
+
+    ``torch.gt`` writes the indicator straight into a reused float buffer: exact for
+    any mask dtype (a NaN entry is not ``> 0``), one op, and float sums over it are
+    several times faster than sums over bool, uint8 or int tensors on CPU (measured).
+    Chunks of about ``chunk_elements`` stay in cache.
+    """
+    rows, cols = mask.shape
+    step = max(1, chunk_elements // max(cols, 1))
+    buffer = torch.empty((min(step, rows), cols), dtype=dtype, device=mask.device)
+    for start in range(0, rows, step):
+        chunk = mask[start : start + step]
+        yield start, torch.gt(chunk, 0, out=buffer[: chunk.shape[0]])
 
 
 def prefix_lengths(valid: torch.Tensor) -> torch.Tensor | None:
@@ -70,19 +84,15 @@ def prefix_lengths(valid: torch.Tensor) -> torch.Tensor | None:
         True
     """
     rows, cols = valid.shape
-    dtype = torch.float32 if cols <= 4096 else torch.float64  # c (c - 1) exact below 2**24
     if cols >= 1 << 26:
         return None
-    step = max(1, _PROOF_CHUNK_ELEMENTS // max(cols, 1))
-    indicator = torch.empty((min(step, rows), cols), dtype=dtype)
+    dtype = torch.float32 if cols <= 4096 else torch.float64  # c (c - 1) exact below 2**24
     positions = torch.arange(cols, dtype=dtype)
     counts = torch.empty(rows, dtype=dtype)
     index_sums = torch.empty(rows, dtype=dtype)
-    for start in range(0, rows, step):
-        chunk = valid[start : start + step]
-        ones = torch.gt(chunk, 0, out=indicator[: chunk.shape[0]])
-        torch.sum(ones, dim=1, out=counts[start : start + chunk.shape[0]])
-        torch.mv(ones, positions, out=index_sums[start : start + chunk.shape[0]])
+    for start, ones in indicator_chunks(valid, dtype):  # 2 MiB chunks: peak memory stays under 0.5x
+        torch.sum(ones, dim=1, out=counts[start : start + ones.shape[0]])
+        torch.mv(ones, positions, out=index_sums[start : start + ones.shape[0]])
     if not torch.equal(index_sums, counts * (counts - 1) / 2):
         return None
     return counts.to(torch.int64)
@@ -162,15 +172,15 @@ class _Layout:
         """Yield 1-D tensors of valid values, about ``BLOCK_ELEMENTS`` each (a reused buffer)."""
         values = self.values
         widest = max((width for _, width in self.groups), default=0)
-        buffer = torch.empty(BLOCK_ELEMENTS + GROUP_ROWS * widest, dtype=values.dtype)
+        buffer = torch.empty(max(BLOCK_ELEMENTS, GROUP_ROWS * widest), dtype=values.dtype)
         filled = 0
         for rows, width in self.groups:
             size = rows.numel() * width
-            torch.index_select(values[:, :width], 0, rows, out=buffer[filled : filled + size].view(rows.numel(), width))
-            filled += size
-            if filled >= BLOCK_ELEMENTS:
+            if filled and filled + size > buffer.numel():
                 yield buffer[:filled]
                 filled = 0
+            torch.index_select(values[:, :width], 0, rows, out=buffer[filled : filled + size].view(rows.numel(), width))
+            filled += size
         if filled:
             yield buffer[:filled]
         if self.ragged is not None:

@@ -13,6 +13,11 @@ For each, advmon's full post-normalization statistics (``tensor_part`` plus
 * a straightforward implementation of the same statistics (boolean indexing,
   ``isfinite`` filtering, ``torch.quantile``).
 
+Ratios compare like with like: the floor pass and advmon's statistics timed
+with the same number of intra-op threads, one (what a watched call uses, see
+``advmon.stats.statistics_threads``) and the machine's. The dense case is also
+timed with the prefix-mask fast path off: the general path any mask takes.
+
 Peak extra memory is the rise of peak RSS during one call in a fresh process
 (every page advmon touches counts), relative to the advantages tensor. These machines are noisy: figures are
 medians, and only ratios measured in the same run are compared.
@@ -66,12 +71,34 @@ def advmon_stats(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, floa
         return summarize([tensor_part(advantages, mask)])
 
 
-def advmon_stats_all_threads(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    previous, stats.STATISTICS_THREADS = stats.STATISTICS_THREADS, None
-    try:
-        return advmon_stats(advantages, mask)
-    finally:
-        stats.STATISTICS_THREADS = previous
+def with_threads(threads: int, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with ``threads`` intra-op threads, advmon's statistics included."""
+
+    def run() -> object:
+        previous_torch, previous_advmon = torch.get_num_threads(), stats.STATISTICS_THREADS
+        torch.set_num_threads(threads)
+        stats.STATISTICS_THREADS = threads
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(previous_torch)
+            stats.STATISTICS_THREADS = previous_advmon
+
+    return run
+
+
+def general_path(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with the prefix-mask fast path switched off (arbitrary masks take this path)."""
+
+    def run() -> object:
+        real = stats._sketch_prefix
+        stats._sketch_prefix = lambda values, valid: None
+        try:
+            return fn()
+        finally:
+            stats._sketch_prefix = real
+
+    return run
 
 
 # What the peers log, as they compute it (docs/research.md, section 2), for a like-with-like table.
@@ -94,18 +121,31 @@ def trl_logged(advantages: torch.Tensor, mask: torch.Tensor) -> list[float]:
     return [per_sequence.mean().item(), per_sequence.std().item()]
 
 
+def seconds(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 def median_seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
     fn()  # warm up: allocator caches, lazy initialisation
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(seconds(fn, device) for _ in range(repeats))
+
+
+def paired_ratio(fn: Callable[[], object], floor: Callable[[], object], repeats: int, device: torch.device):
+    """(median seconds of ``floor``, of ``fn``, median of the ratios of pairs timed back to back).
+
+    The machine's speed drifts within a run; a ratio of two calls made one after
+    the other sees the same machine, so its median is steadier than a ratio of medians.
+    """
+    fn(), floor()
+    pairs = [(seconds(floor, device), seconds(fn, device)) for _ in range(repeats)]
+    return (statistics.median(f for f, _ in pairs), statistics.median(t for _, t in pairs),
+            statistics.median(t / f for f, t in pairs))
 
 
 def _rss_bytes(field: str) -> int:
@@ -162,30 +202,49 @@ def make_inputs(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch
 def run(repeats: int, device: torch.device) -> list[str]:
     dense, expanded, mask = make_inputs(device)
     tensor_bytes = dense.numel() * dense.element_size()
+    caller = torch.get_num_threads()
+    thread_counts = [1] if caller == 1 or device.type == "cuda" else [1, caller]
     lines = [
-        f"bench_stats: B={B} T={T} float32, float mask, device={device}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, median of {repeats}",
+        f"bench_stats: B={B} T={T} float32, float prefix mask (random lengths), device={device}, "
+        f"torch {torch.__version__}, median of {repeats}; each ratio is against the floor pass "
+        f"timed with the same number of intra-op threads (a watched call uses {stats.STATISTICS_THREADS})",
     ]
     for name, advantages, floor_name, floor in (
         ("dense", dense, "torch.sum(advantages)", lambda: dense.sum()),
         ("expand view", expanded, "torch.sum(mask)", lambda: mask.sum()),
     ):
-        t_floor = median_seconds(floor, repeats, device)
+        lines.append(f"{name}:")
+        for threads in thread_counts:
+            t_floor, t_advmon, ratio = paired_ratio(
+                with_threads(threads, lambda: advmon_stats(advantages, mask)), with_threads(threads, floor),
+                repeats, device,
+            )
+            lines += [
+                f"  {threads} thread(s): {floor_name:22} {t_floor * 1e3:8.2f} ms",
+                f"  {threads} thread(s): advmon post_norm stats  {t_advmon * 1e3:8.2f} ms   = {ratio:6.1f}x"
+                " (median of paired ratios)",
+            ]
+            if name == "dense" and device.type == "cpu":
+                general = general_path(lambda: advmon_stats(advantages, mask))
+                _, t_general, ratio = paired_ratio(
+                    with_threads(threads, general), with_threads(threads, floor), max(3, repeats // 3), device
+                )
+                lines.append(
+                    f"  {threads} thread(s): general path (any mask) {t_general * 1e3:8.2f} ms   = "
+                    f"{ratio:6.1f}x (the prefix-mask fast path off)"
+                )
         t_advmon = median_seconds(lambda: advmon_stats(advantages, mask), repeats, device)
-        t_all = median_seconds(lambda: advmon_stats_all_threads(advantages, mask), repeats, device)
         t_simple = median_seconds(lambda: straightforward(advantages, mask), max(3, repeats // 3), device)
         peers = [(peer, median_seconds(lambda f=f: f(advantages, mask), repeats, device))
                  for peer, f in (("NeMo-RL's mean/max/min", nemo_rl_logged), ("verl's masked_select", verl_logged),
                                  ("TRL's mean/std", trl_logged))]
         peak = peak_extra_bytes(name, device)
         lines += [
-            f"{name}:",
-            f"  {floor_name:26} {t_floor * 1e3:9.2f} ms",
-            f"  advmon post_norm stats     {t_advmon * 1e3:9.2f} ms   = {t_advmon / t_floor:6.1f}x {floor_name}"
-            f" (1 intra-op thread, as in a watched call)",
-            f"  advmon, caller's threads   {t_all * 1e3:9.2f} ms   = {t_all / t_floor:6.1f}x",
+            f"  as a watched call runs it (caller's {caller} threads, statistics on "
+            f"{stats.STATISTICS_THREADS}): advmon {t_advmon * 1e3:.2f} ms",
             f"  straightforward stats      {t_simple * 1e3:9.2f} ms   advmon is {t_simple / t_advmon:6.1f}x faster",
-            *[f"  {peer:26} {t * 1e3:9.2f} ms   = {t / t_floor:6.1f}x (what it logs: far less)" for peer, t in peers],
+            *[f"  {peer:26} {t * 1e3:9.2f} ms   = {t / t_advmon:6.2f}x advmon's time (what it logs: far less)"
+              for peer, t in peers],
             f"  advmon peak extra memory   {peak / 2**20:9.1f} MiB  = {peak / tensor_bytes:6.2f}x the advantages tensor",
         ]
     return lines
