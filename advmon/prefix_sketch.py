@@ -11,11 +11,13 @@ so the statistics never need to read the padding or multiply by the mask:
    are of whole numbers below ``2**24`` (float32) or ``2**53`` (float64), so
    they are exact. Any row that fails sends the whole tensor to the general
    sketch in :mod:`advmon.stats`.
-2. **Gather.** Rows sorted by length are taken in groups; a group's rectangle
-   (its rows up to its shortest length) is copied with one ``index_select``,
-   and the ragged rest of every group, at most ``GROUP_ROWS * T`` entries in
-   all, is gathered once at the end. Blocks of about ``BLOCK_ELEMENTS`` dense
-   valid values are then processed in cache.
+2. **Gather.** Rows sorted by length are taken in groups of ``G`` rows; a
+   group's rectangle (its rows up to its shortest length) is copied with one
+   ``index_select``, and the ragged rest of every group is gathered at the end.
+   Sorted lengths telescope, so the ragged rest holds at most ``G * T``
+   entries; ``G = BLOCK_ELEMENTS // T`` (at most ``GROUP_ROWS``) keeps that, and
+   every buffer, within one block whatever the batch. Blocks of about
+   ``BLOCK_ELEMENTS`` dense valid values are then processed in cache.
 3. **Statistics.** Moments are float64 sums around each block's midpoint,
    shifted to the whole range's midpoint as parts merge; extrema come from
    ``aminmax``. The histogram's range is guessed from a few values of every
@@ -40,7 +42,7 @@ from advmon.sketch_format import _HIST_LEN, Part, host_level
 
 __all__ = ["indicator_chunks", "prefix_lengths", "prefix_part"]
 
-#: Sorted rows gathered per ``index_select``; the ragged rest is at most this many rows' worth.
+#: At most this many sorted rows are gathered per ``index_select`` (fewer for long rows).
 GROUP_ROWS = 64
 #: Dense valid values processed at once (float32 and its float64 copy stay in L2 cache).
 BLOCK_ELEMENTS = 1 << 17
@@ -150,15 +152,16 @@ class _Layout:
     def __init__(self, values: torch.Tensor, lengths: torch.Tensor) -> None:
         self.values = values
         self.lengths = lengths
+        group = self.group_rows = max(1, min(GROUP_ROWS, BLOCK_ELEMENTS // max(values.shape[1], 1)))
         order = torch.argsort(lengths, descending=True, stable=True)
         sorted_lengths = lengths[order]
         # Sorted descending, a group's shortest row is its last one.
-        group_width = sorted_lengths[min(GROUP_ROWS, len(order)) - 1 :: GROUP_ROWS]
-        if len(order) % GROUP_ROWS:
+        group_width = sorted_lengths[min(group, len(order)) - 1 :: group]
+        if len(order) % group:
             group_width = torch.cat([group_width, sorted_lengths[-1:]])
-        self.groups = [(rows, width) for rows, width in zip(order.split(GROUP_ROWS), group_width.tolist()) if width > 0]
+        self.groups = [(rows, width) for rows, width in zip(order.split(group), group_width.tolist()) if width > 0]
         # The ragged rest: each row past its group's width.
-        first = torch.repeat_interleave(group_width, GROUP_ROWS)[: len(order)]
+        first = torch.repeat_interleave(group_width, group)[: len(order)]
         extra = sorted_lengths - first
         self.ragged = None
         if bool((extra > 0).any()):
@@ -172,7 +175,7 @@ class _Layout:
         """Yield 1-D tensors of valid values, about ``BLOCK_ELEMENTS`` each (a reused buffer)."""
         values = self.values
         widest = max((width for _, width in self.groups), default=0)
-        buffer = torch.empty(max(BLOCK_ELEMENTS, GROUP_ROWS * widest), dtype=values.dtype)
+        buffer = torch.empty(max(BLOCK_ELEMENTS, self.group_rows * widest), dtype=values.dtype)
         filled = 0
         for rows, width in self.groups:
             size = rows.numel() * width

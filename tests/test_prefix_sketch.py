@@ -214,3 +214,17 @@ def test_a_range_wider_than_the_guess_but_inside_the_window_is_coarsened_exactly
     part = prefix_part(values, prefix_lengths(mask))
     assert shifts and shifts[0] >= 1
     assert_same_sketch(part, general_part(values, mask))
+
+
+def test_long_rows_keep_the_ragged_rest_within_one_block():
+    generator = torch.Generator().manual_seed(2)
+    rows, cols = 40, 20000  # long rows: fewer rows per group, so indices stay block-sized
+    values = torch.randn(rows, cols, generator=generator)
+    lengths = torch.randint(0, cols + 1, (rows,), generator=generator)
+    layout = prefix_sketch._Layout(values, lengths)
+    assert layout.group_rows == prefix_sketch.BLOCK_ELEMENTS // cols
+    ragged = 0 if layout.ragged is None else layout.ragged[0].numel()
+    assert ragged <= layout.group_rows * cols
+    mask = prefix_mask(lengths, cols)
+    part = prefix_part(values, prefix_lengths(mask))
+    assert_same_sketch(part, general_part(values, mask))
