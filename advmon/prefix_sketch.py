@@ -15,8 +15,8 @@ so the statistics never need to read the padding or multiply by the mask:
    group's rectangle (its rows up to its shortest length) is copied with one
    ``index_select``, and the ragged rest of every group is gathered at the end.
    Sorted lengths telescope, so the ragged rest holds at most ``G * T``
-   entries; ``G = BLOCK_ELEMENTS // T`` (at most ``GROUP_ROWS``) keeps that, and
-   every buffer, within one block whatever the batch. Blocks of about
+   entries; ``G = min(BLOCK_ELEMENTS // T, B // 32, GROUP_ROWS)`` keeps that,
+   and every buffer, within one block and a small share of the batch. Blocks of about
    ``BLOCK_ELEMENTS`` dense valid values are then processed in cache.
 3. **Statistics.** Moments are float64 sums around each block's midpoint,
    shifted to the whole range's midpoint as parts merge; extrema come from
@@ -152,7 +152,9 @@ class _Layout:
     def __init__(self, values: torch.Tensor, lengths: torch.Tensor) -> None:
         self.values = values
         self.lengths = lengths
-        group = self.group_rows = max(1, min(GROUP_ROWS, BLOCK_ELEMENTS // max(values.shape[1], 1)))
+        # The ragged rest is at most group * T entries: a block, and a small share of a small batch.
+        rows, cols = values.shape
+        group = self.group_rows = max(1, min(GROUP_ROWS, BLOCK_ELEMENTS // max(cols, 1), rows // 32))
         order = torch.argsort(lengths, descending=True, stable=True)
         sorted_lengths = lengths[order]
         # Sorted descending, a group's shortest row is its last one.
