@@ -223,8 +223,21 @@ def test_long_rows_keep_the_ragged_rest_within_one_block():
     lengths = torch.randint(0, cols + 1, (rows,), generator=generator)
     layout = prefix_sketch._Layout(values, lengths)
     assert layout.group_rows == max(1, min(prefix_sketch.BLOCK_ELEMENTS // cols, rows // 32))
-    ragged = 0 if layout.ragged is None else layout.ragged[0].numel()
+    ragged = 0 if layout.ragged is None else layout.ragged.numel()
     assert ragged <= layout.group_rows * cols
     mask = prefix_mask(lengths, cols)
     part = prefix_part(values, prefix_lengths(mask))
+    assert_same_sketch(part, general_part(values, mask))
+
+
+def test_views_into_a_larger_tensor_are_read_where_they_lie():
+    generator = torch.Generator().manual_seed(4)
+    base = torch.randn(900, 400, generator=generator)
+    base[:, 300:] = float("nan")  # outside the view: reading it would show
+    values = base[100:800, 20:300]  # rows longer than the view, and an offset into storage
+    lengths = torch.randint(0, 281, (700,), generator=generator)
+    mask = prefix_mask(lengths, 280)
+    part = prefix_part(values, prefix_lengths(mask))
+    assert part is not None
+    assert_stats_close(summarize([part]), value_stats(values.numpy(), mask.numpy()), exact_percentiles=False)
     assert_same_sketch(part, general_part(values, mask))
