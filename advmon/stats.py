@@ -556,7 +556,7 @@ def _exact_summary(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
         return summary
     mean = float(np.dot(kept_weights, kept) / n)
     variance = float(np.dot(kept_weights, np.square(kept - mean)) / n)
-    order = np.argsort(kept, kind="stable")
+    order = np.argsort(kept)  # ties are equal values: their order cannot change an order statistic
     ordered, cumulative = kept[order], np.cumsum(kept_weights[order])
 
     def order_statistic(rank: int) -> float:
