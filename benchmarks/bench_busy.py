@@ -13,7 +13,8 @@ bare and watched (advmon's statistics, no sink), and a trainer op of its own (a
 matmul and a few elementwise ops) timed between calls, once beside bare calls and
 once beside watched calls. Reported: advmon's added time per call (medians) and
 its ratio to the quiet figure (goal <= 3x), and the trainer op's time beside advmon
-over beside the bare estimator (goal <= 1.10).
+over beside the bare estimator (goal <= 1.10), as a ratio of medians and as the
+median of back-to-back pairs (steadier when neighbours make every time swing).
 
 Then the setting that once made a watched call take 200-330 ms: more OpenMP
 threads than free cores (``torch.set_num_threads(4)`` on 2 cores with two 2-thread
@@ -96,7 +97,12 @@ def measure(calls: int, monitor: advmon.Monitor) -> dict[str, float]:
             start = time.perf_counter()
             trainer_op(x, w)
             times[f"op_{name}"].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    # The trainer op after a watched call over the same op after the bare call just
+    # before it: pairs see the same machine, so their median is steadier than a
+    # ratio of medians when neighbours make every time swing.
+    medians["op_paired"] = statistics.median(w / b for b, w in zip(times["op_bare"], times["op_watched"]))
+    return medians
 
 
 def pause_probe(repeats: int) -> list[str]:
@@ -141,7 +147,7 @@ def main() -> None:
         stats.STATISTICS_THREADS = policy
         print(title)
         print(f"  {'setting':10} {'bare':>9} {'watched':>9} {'added':>9} {'vs quiet':>9} {'trainer op':>11} "
-              f"{'beside advmon':>14}")
+              f"{'beside advmon':>14} {'paired':>7}")
         quiet_added = None
         for label, kind, count in (("quiet", "spin", 0), ("1 spin", "spin", 1), ("2 spin", "spin", 2),
                                    ("1 torch", "torch", 1), ("2 torch", "torch", 2)):
@@ -150,7 +156,8 @@ def main() -> None:
             added = m["watched"] - m["bare"]
             quiet_added = added if quiet_added is None else quiet_added
             print(f"  {label:10} {m['bare'] * 1e3:7.2f}ms {m['watched'] * 1e3:7.2f}ms {added * 1e3:7.2f}ms "
-                  f"{added / quiet_added:8.2f}x {m['op_bare'] * 1e3:9.2f}ms {m['op_watched'] / m['op_bare']:13.2f}x")
+                  f"{added / quiet_added:8.2f}x {m['op_bare'] * 1e3:9.2f}ms {m['op_watched'] / m['op_bare']:13.2f}x "
+                  f"{m['op_paired']:6.2f}x")
     stats.STATISTICS_THREADS = 1
     print("  goals: added <= 3x quiet; trainer op beside advmon <= 1.10x")
     print(f"oversubscribed: torch.set_num_threads({2 * (os.cpu_count() or 2)}) with two 2-thread torch neighbours")
