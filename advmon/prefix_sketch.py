@@ -134,7 +134,10 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor) -> Part | None:
     level, offset = _canonical_level(low, high)
     if not -1000 < level < 1000:
         return None
-    if sums.window_missed:
+    # The true range needs bins at least as wide as the guess's, so the window's bins
+    # nest in them; except when every sampled value was 0 (frexp(0) has exponent 0,
+    # so 0 alone gets coarser bins than, say, 1e-30 beside it).
+    if sums.window_missed or level < window.level:
         histogram = _histogram_pass(layout, level, offset)
     else:
         histogram = window.coarsened(sums.histogram, level, offset)

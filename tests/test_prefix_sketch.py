@@ -139,6 +139,15 @@ def test_hard_ranges_agree_with_the_general_sketch(make):
     assert_same_sketch(part, general_part(values, mask))
 
 
+def test_a_sample_of_zeros_beside_a_tiny_value_makes_the_histogram_again():
+    # Found by hypothesis: 0 alone gets coarser bins than 1e-30 beside it.
+    values = torch.tensor([[0.0, 1e-30, 0.0, 0.0, 0.0]])
+    mask = torch.ones(1, 5)
+    part = prefix_part(values, prefix_lengths(mask))
+    assert_stats_close(summarize([part]), value_stats(values.numpy(), mask.numpy()), exact_percentiles=False)
+    assert_same_sketch(part, general_part(values, mask))
+
+
 def test_the_guessed_range_missing_a_value_makes_the_histogram_again(monkeypatch):
     values = torch.zeros(300, 300)
     values[:, 1] = torch.linspace(-1, 1, 300)  # the sample never sees column 1 of a 300-long row
@@ -238,6 +247,44 @@ def test_views_into_a_larger_tensor_are_read_where_they_lie():
     lengths = torch.randint(0, 281, (700,), generator=generator)
     mask = prefix_mask(lengths, 280)
     part = prefix_part(values, prefix_lengths(mask))
+    assert part is not None
+    assert_stats_close(summarize([part]), value_stats(values.numpy(), mask.numpy()), exact_percentiles=False)
+    assert_same_sketch(part, general_part(values, mask))
+
+
+@st.composite
+def many_block_cases(draw):
+    rows = draw(st.integers(1, 120))
+    cols = draw(st.integers(1, 90))
+    shape = draw(st.sampled_from(["uniform", "full", "bimodal", "equal"]))
+    if shape == "uniform":
+        lengths = draw(st.lists(st.integers(0, cols), min_size=rows, max_size=rows))
+    elif shape == "full":
+        lengths = [cols] * rows
+    elif shape == "bimodal":
+        lengths = draw(st.lists(st.sampled_from([0, 1, cols - 1, cols]), min_size=rows, max_size=rows))
+    else:
+        lengths = [draw(st.integers(0, cols))] * rows
+    seed = draw(st.integers(0, 2**31 - 1))
+    scale = draw(st.sampled_from([1e-30, 1e-3, 1.0, 1e4, 1e30]))
+    offset = draw(st.sampled_from([0.0, 1000.0, -5.0]))
+    return rows, cols, [max(0, min(cols, n)) for n in lengths], seed, scale, offset
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=many_block_cases())
+def test_many_small_blocks_and_groups_agree_bin_for_bin(case):
+    rows, cols, lengths, seed, scale, offset = case
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randn(rows, cols, generator=generator) * scale + offset
+    mask = prefix_mask(lengths, cols)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prefix_sketch, "BLOCK_ELEMENTS", 256)  # many blocks, groups of a few rows, ragged rests
+        patch.setattr(prefix_sketch, "GROUP_ROWS", 4)
+        part = prefix_part(values, prefix_lengths(mask))
+    if sum(lengths) == 0:
+        assert part is None
+        return
     assert part is not None
     assert_stats_close(summarize([part]), value_stats(values.numpy(), mask.numpy()), exact_percentiles=False)
     assert_same_sketch(part, general_part(values, mask))
