@@ -14,17 +14,26 @@ def _module_name(path: Path) -> str:
     return ".".join(parts).removesuffix(".__init__")
 
 
-def _imports(tree: ast.AST) -> set[str]:
+def _absolute(node: ast.ImportFrom, package: str) -> str | None:
+    """The module an ``ImportFrom`` names, relative ones (``from . import stats``) resolved."""
+    if not node.level:
+        return node.module
+    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def _imports(tree: ast.AST, package: str = "advmon") -> set[str]:
     """Every advmon module imported anywhere in the file (functions included), TYPE_CHECKING blocks aside."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             return
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("advmon"):
-            found.add(node.module)
+        module = _absolute(node, package) if isinstance(node, ast.ImportFrom) else None
+        if module and module.startswith("advmon"):
+            found.add(module)
             for alias in node.names:  # "from advmon import lifecycle" names a module
-                candidate = f"{node.module}.{alias.name}"
+                candidate = f"{module}.{alias.name}"
                 if (PACKAGE.parent / Path(*candidate.split("."))).with_suffix(".py").exists():
                     found.add(candidate)
         elif isinstance(node, ast.Import):
@@ -41,7 +50,9 @@ def import_graph() -> dict[str, set[str]]:
     for path in PACKAGE.rglob("*.py"):
         name = _module_name(path)
         # A package's own __init__ is what importing any of its modules runs first: not an edge.
-        graph[name] = {m for m in _imports(ast.parse(path.read_text())) if m != "advmon" and not name.startswith(m + ".")}
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        imported = _imports(ast.parse(path.read_text()), package)
+        graph[name] = {m for m in imported if m != "advmon" and not name.startswith(m + ".")}
     return graph
 
 
@@ -79,3 +90,10 @@ def test_the_layers_point_down():
     for module in (m for m in graph if m.startswith("advmon.sinks")):
         assert "advmon.monitor" not in graph[module], module
     assert "advmon.monitor" not in graph["advmon.hooks"]
+
+
+def test_relative_imports_count_as_edges():
+    tree = ast.parse("from . import base\nfrom .. import record\nfrom ..stats import summarize\n")
+    assert _imports(tree, "advmon.sinks") == {
+        "advmon.sinks", "advmon.sinks.base", "advmon", "advmon.record", "advmon.stats",
+    }
