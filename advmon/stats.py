@@ -484,11 +484,6 @@ def _count_bins(histogram: torch.Tensor, bins: torch.Tensor) -> None:
         histogram.index_add_(0, bins, torch.ones((), dtype=histogram.dtype, device=histogram.device).expand(bins.numel()))
 
 
-def _count(flags: torch.Tensor) -> torch.Tensor:
-    # count_nonzero is many times faster than bool.sum() on CPU.
-    return torch.count_nonzero(flags).to(torch.float64)
-
-
 def _histogram_level(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Bin width exponent and first bin index for finite values in ``[low, high]``.
 
