@@ -23,8 +23,8 @@ so the statistics never need to read the padding or multiply by the mask:
    ``aminmax``. The histogram's range is guessed from a few values of every
    row (the first, middle and last valid one) with wide margins; if a block
    holds a value outside the guess, the histogram alone is made again in a
-   second pass with the true range. A non-finite value anywhere in the valid
-   entries sends the tensor to the general sketch (which counts NaN and Inf).
+   second pass with the true range. A block holding NaN or Inf has them
+   counted and its finite values selected (a boolean index, only there).
 
 The result is a :class:`~advmon.sketch_format.Part` with the same layout, level rule and
 bins as the general sketch, so the two merge, and every statistic stays what
@@ -104,7 +104,7 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor) -> Part | None:
     """Sketch of ``values[r, :lengths[r]]`` over all rows; ``None`` where the general sketch must do it.
 
     ``values`` is a 2-D CPU tensor (float32 or float64, rows contiguous).
-    ``None`` comes back when a valid entry is NaN or Inf, or nothing is valid.
+    ``None`` comes back when nothing is valid, or every sampled value is NaN or Inf.
 
     Example:
         >>> from advmon.stats import summarize
@@ -128,8 +128,7 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor) -> Part | None:
         return None  # 2**-level would leave float64's range: the general sketch scales in two steps
     sums = _BlockSums(values.dtype, window)
     for block in layout.blocks():
-        if not sums.add(block):
-            return None  # a NaN or Inf among the valid values
+        sums.add(block)
     low, high = sums.extrema()
     level, offset = _canonical_level(low, high)
     if not -1000 < level < 1000:
@@ -141,9 +140,10 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor) -> Part | None:
         histogram = _histogram_pass(layout, level, offset)
     else:
         histogram = window.coarsened(sums.histogram, level, offset)
-    n = float(total)
+    finite = float(total - sums.nan - sums.inf)
     scalars = torch.tensor(
-        [n, 0.0, 0.0, n, sums.abs_sum(), low, high, *sums.centered(), float(level), float(offset)],
+        [float(total), float(sums.nan), float(sums.inf), finite, sums.abs_sum(), low, high, *sums.centered(),
+         float(level), float(offset)],
         dtype=torch.float64,
     )
     return Part("sketch", (scalars, histogram))
@@ -213,11 +213,18 @@ def _guess_range(values: torch.Tensor, layout: _Layout) -> tuple[float, float] |
     rows = torch.nonzero(lengths > 0).squeeze(1)
     last = lengths[rows] - 1
     columns = torch.cat([torch.zeros_like(last), last // 2, last])
-    sample = layout.flat().index_select(0, layout.offsets(rows.repeat(3), columns))
-    low, high = (float(v) for v in torch.aminmax(sample))
-    if not (math.isfinite(low) and math.isfinite(high)):
+    sample = _finite(layout.flat().index_select(0, layout.offsets(rows.repeat(3), columns)))
+    if sample.numel() == 0:
         return None
+    low, high = (float(v) for v in torch.aminmax(sample))
     return low, high
+
+
+def _finite(block: torch.Tensor) -> torch.Tensor:
+    """The finite values of a 1-D block (the block itself when all are)."""
+    if bool(torch.isfinite(block.sum())):
+        return block  # a sum of finite values can overflow to Inf, never the other way
+    return block[torch.isfinite(block)]
 
 
 def _canonical_level(low: float, high: float) -> tuple[int, int]:
@@ -266,6 +273,7 @@ class _BlockSums:
         self.window = window
         self.sizes: list[int] = []
         self.window_missed = False
+        self.nan = self.inf = 0
         self.histogram = torch.zeros(_GUESS_BINS, dtype=torch.int64)
         self.rows: list[torch.Tensor] = []
         self.lows: list[float] = []
@@ -281,10 +289,19 @@ class _BlockSums:
         self._scaled: dict = {}
         self._bins: dict = {}
 
-    def add(self, block: torch.Tensor) -> bool:
+    def add(self, block: torch.Tensor) -> None:
         low, high = (float(v) for v in torch.aminmax(block))
         if not (math.isfinite(low) and math.isfinite(high)):
-            return False
+            # NaN or Inf among the valid values (rare, and what a monitor is for):
+            # count them and go on with the block's finite values, selected once.
+            nan = int(torch.isnan(block).sum())
+            kept = block[torch.isfinite(block)]
+            self.nan += nan
+            self.inf += block.numel() - kept.numel() - nan
+            if kept.numel() == 0:
+                return
+            block = kept
+            low, high = (float(v) for v in torch.aminmax(block))
         self.lows.append(low)
         self.highs.append(high)
         copy = block if block.dtype == torch.float64 else _workspace(block.numel(), torch.float64, self._float64).copy_(block)
@@ -296,7 +313,6 @@ class _BlockSums:
         copy.sub_(low / 2 + high / 2)  # halves first: no overflow near the float limits
         self.sizes.append(block.numel())
         self.rows.append(torch.stack([abs_sum, copy.sum(), torch.dot(copy, copy)]))
-        return True
 
     def _count_bins(self, block: torch.Tensor) -> None:
         """Add ``floor(x / 2**level) - first`` of every value to the window histogram."""
@@ -337,7 +353,7 @@ def _histogram_pass(layout: _Layout, level: int, first: int) -> torch.Tensor:
     histogram = torch.zeros(_HIST_LEN, dtype=torch.float64)
     scale = math.ldexp(1.0, -level)
     for block in layout.blocks():
-        scaled = block.to(torch.float64).mul_(scale).floor_().sub_(first)
+        scaled = _finite(block).to(torch.float64).mul_(scale).floor_().sub_(first)
         histogram += torch.bincount(scaled.to(torch.int64), minlength=_HIST_LEN)
     return histogram
 

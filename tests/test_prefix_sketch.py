@@ -66,6 +66,10 @@ def prefix_cases(draw):
     x = np.array(draw(st.lists(element, min_size=rows * cols, max_size=rows * cols)), dtype=dtype).reshape(rows, cols)
     kind = draw(st.sampled_from(["float", "bool", "int", "weights"]))
     padding = draw(st.sampled_from([None, math.nan, math.inf, 7.0]))
+    spoilt = draw(st.lists(st.tuples(st.integers(0, rows * cols - 1), st.sampled_from([math.nan, math.inf, -math.inf])),
+                           max_size=4))
+    for position, value in spoilt:  # NaN and Inf anywhere, the valid entries included
+        x.flat[position] = value
     return x, lengths, kind, padding
 
 
@@ -84,9 +88,10 @@ def test_prefix_path_matches_numpy_and_the_general_sketch(case):
     if sum(lengths) == 0:
         assert fast is None  # nothing valid: the general sketch reports the counts
         return
-    if fast is None:  # only where 2**-level leaves float64 (values near the float32 limits)
-        assert not -1000 < stats.host_level(reference["min"], reference["max"]) < 1000 or (
-            not -1000 < stats.host_level(*_guess(values, lengths)) < 1000
+    if fast is None:  # every sampled value non-finite, or 2**-level would leave float64's range
+        guess = _guess(values, lengths)
+        assert guess is None or not -1000 < stats.host_level(*guess) < 1000 or not (
+            -1000 < stats.host_level(reference["min"], reference["max"]) < 1000
         )
         return
     assert_stats_close(summarize([fast]), reference, exact_percentiles=False)
@@ -95,7 +100,8 @@ def test_prefix_path_matches_numpy_and_the_general_sketch(case):
 
 def _guess(values, lengths):
     picks = [values[r, j].item() for r, c in enumerate(lengths) if c for j in (0, (c - 1) // 2, c - 1)]
-    return min(picks), max(picks)
+    picks = [p for p in picks if math.isfinite(p)]
+    return (min(picks), max(picks)) if picks else None
 
 
 @pytest.mark.parametrize("kind", ["float", "bool", "int", "weights"])
@@ -162,10 +168,24 @@ def test_the_guessed_range_missing_a_value_makes_the_histogram_again(monkeypatch
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-def test_a_non_finite_valid_value_leaves_it_to_the_general_sketch(bad):
+def test_non_finite_valid_values_are_counted_and_the_rest_agree_bin_for_bin(bad):
     values = torch.randn(300, 300)
     values[100, 3] = bad
+    values[250, :150] = bad  # a whole row's worth, in another block
+    values[7, 290] = bad  # in the padding: never read
     mask = prefix_mask(torch.full((300,), 200), 300)
+    part = prefix_part(values, prefix_lengths(mask))
+    assert part is not None
+    got = summarize([part])
+    assert got["nan_count" if math.isnan(bad) else "inf_count"] == 151.0
+    assert_stats_close(got, value_stats(values.numpy(), mask.numpy()), exact_percentiles=False)
+    assert_same_sketch(part, general_part(values, mask))
+
+
+def test_every_sampled_value_non_finite_leaves_it_to_the_general_sketch():
+    values = torch.full((300, 300), math.nan)
+    values[5, 7] = 1.0  # not a first, middle or last value of its row
+    mask = torch.ones(300, 300)
     assert prefix_part(values, prefix_lengths(mask)) is None
     got = summarize([dense_part(values, mask)])
     assert_stats_close(got, value_stats(values.numpy(), mask.numpy()), exact_percentiles=False)
@@ -268,21 +288,25 @@ def many_block_cases(draw):
     seed = draw(st.integers(0, 2**31 - 1))
     scale = draw(st.sampled_from([1e-30, 1e-3, 1.0, 1e4, 1e30]))
     offset = draw(st.sampled_from([0.0, 1000.0, -5.0]))
-    return rows, cols, [max(0, min(cols, n)) for n in lengths], seed, scale, offset
+    spoilt = draw(st.lists(st.tuples(st.integers(0, rows * cols - 1), st.sampled_from([math.nan, math.inf, -math.inf])),
+                           max_size=3))
+    return rows, cols, [max(0, min(cols, n)) for n in lengths], seed, scale, offset, spoilt
 
 
 @settings(max_examples=100, deadline=None)
 @given(case=many_block_cases())
 def test_many_small_blocks_and_groups_agree_bin_for_bin(case):
-    rows, cols, lengths, seed, scale, offset = case
+    rows, cols, lengths, seed, scale, offset, spoilt = case
     generator = torch.Generator().manual_seed(seed)
     values = torch.randn(rows, cols, generator=generator) * scale + offset
+    for position, value in spoilt:
+        values.view(-1)[position] = value
     mask = prefix_mask(lengths, cols)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(prefix_sketch, "BLOCK_ELEMENTS", 256)  # many blocks, groups of a few rows, ragged rests
         patch.setattr(prefix_sketch, "GROUP_ROWS", 4)
         part = prefix_part(values, prefix_lengths(mask))
-    if sum(lengths) == 0:
+    if sum(lengths) == 0 or _guess(values, lengths) is None:
         assert part is None
         return
     assert part is not None
