@@ -92,7 +92,7 @@ def prefix_lengths(valid: torch.Tensor) -> torch.Tensor | None:
     positions = torch.arange(cols, dtype=dtype)
     counts = torch.empty(rows, dtype=dtype)
     index_sums = torch.empty(rows, dtype=dtype)
-    for start, ones in indicator_chunks(valid, dtype):  # 2 MiB chunks: peak memory stays under 0.5x
+    for start, ones in indicator_chunks(valid, dtype, chunk_elements=1 << 20):  # 4 MiB: peak memory under 0.5x
         torch.sum(ones, dim=1, out=counts[start : start + ones.shape[0]])
         torch.mv(ones, positions, out=index_sums[start : start + ones.shape[0]])
     if not torch.equal(index_sums, counts * (counts - 1) / 2):
