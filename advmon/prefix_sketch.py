@@ -38,7 +38,7 @@ import math
 
 import torch
 
-from advmon.sketch_format import _HIST_LEN, Part, host_level
+from advmon.sketch_format import _HIST_LEN, Part, host_level, recentered_sums
 
 __all__ = ["indicator_chunks", "prefix_lengths", "prefix_part"]
 
@@ -48,14 +48,6 @@ GROUP_ROWS = 64
 BLOCK_ELEMENTS = 1 << 17
 #: Bins of the first-pass histogram: the guessed range takes at most 1026, the rest is margin.
 _GUESS_BINS = 4096
-
-
-def _workspace(size: int, dtype: torch.dtype, kept: dict) -> torch.Tensor:
-    """A buffer of at least ``size`` elements, reused through ``kept`` for the rest of one call."""
-    buffer = kept.get(dtype)
-    if buffer is None or buffer.numel() < size:
-        buffer = kept[dtype] = torch.empty(max(size, BLOCK_ELEMENTS), dtype=dtype)
-    return buffer[:size]
 
 
 def indicator_chunks(mask: torch.Tensor, dtype: torch.dtype = torch.float32, chunk_elements: int = 1 << 19):
@@ -120,7 +112,7 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor) -> Part | None:
     if total == 0:
         return None
     layout = _Layout(values, lengths)
-    guess = _guess_range(values, layout)
+    guess = _guess_range(layout)
     if guess is None:
         return None
     window = _Window.around(*guess)
@@ -207,8 +199,8 @@ class _Layout:
                 yield flat.index_select(0, self.ragged[start : start + BLOCK_ELEMENTS])
 
 
-def _guess_range(values: torch.Tensor, layout: _Layout) -> tuple[float, float] | None:
-    """Range of the first, middle and last valid value of every non-empty row (``None``: non-finite)."""
+def _guess_range(layout: _Layout) -> tuple[float, float] | None:
+    """Range of the finite first, middle and last valid values of the rows (``None``: none is finite)."""
     lengths = layout.lengths
     rows = torch.nonzero(lengths > 0).squeeze(1)
     last = lengths[rows] - 1
@@ -284,10 +276,7 @@ class _BlockSums:
         # One subtraction where the dtype holds the window's first bin exactly.
         self._first_exact = abs(window.first) < (1 << 24 if self._bin_in_float32 else 1 << 53)
         self._scaled_dtype = torch.float32 if self._bin_in_float32 else torch.float64
-        self._float64: dict = {}
-        self._magnitudes: dict = {}
-        self._scaled: dict = {}
-        self._bins: dict = {}
+        self._buffers: dict[str, torch.Tensor] = {}
 
     def add(self, block: torch.Tensor) -> None:
         low, high = (float(v) for v in torch.aminmax(block))
@@ -304,26 +293,33 @@ class _BlockSums:
             low, high = (float(v) for v in torch.aminmax(block))
         self.lows.append(low)
         self.highs.append(high)
-        copy = block if block.dtype == torch.float64 else _workspace(block.numel(), torch.float64, self._float64).copy_(block)
+        copy = block if block.dtype == torch.float64 else self._buffer("float64", block.numel(), torch.float64).copy_(block)
         if not self.window_missed and self.window.holds(low, high):
             self._count_bins(block if self._bin_in_float32 else copy)
         else:
             self.window_missed = True
-        abs_sum = torch.abs(copy, out=_workspace(copy.numel(), torch.float64, self._magnitudes)).sum()
+        abs_sum = torch.abs(copy, out=self._buffer("magnitudes", copy.numel(), torch.float64)).sum()
         copy.sub_(low / 2 + high / 2)  # halves first: no overflow near the float limits
         self.sizes.append(block.numel())
         self.rows.append(torch.stack([abs_sum, copy.sum(), torch.dot(copy, copy)]))
 
     def _count_bins(self, block: torch.Tensor) -> None:
         """Add ``floor(x / 2**level) - first`` of every value to the window histogram."""
-        scaled = torch.mul(block, self.window.scale, out=_workspace(block.numel(), self._scaled_dtype, self._scaled))
+        scaled = torch.mul(block, self.window.scale, out=self._buffer("scaled", block.numel(), self._scaled_dtype))
         scaled.floor_()
         if self._first_exact:
             scaled.sub_(self.window.first)
         else:
             scaled.sub_(self.window.anchor).add_(self.window.margin)
-        bins = _workspace(block.numel(), torch.int32, self._bins).copy_(scaled)
+        bins = self._buffer("bins", block.numel(), torch.int32).copy_(scaled)
         self.histogram += torch.bincount(bins, minlength=_GUESS_BINS)
+
+    def _buffer(self, name: str, size: int, dtype: torch.dtype) -> torch.Tensor:
+        """A buffer of at least ``size`` elements, made once and reused for the blocks of one call."""
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < size:
+            buffer = self._buffers[name] = torch.empty(max(size, BLOCK_ELEMENTS), dtype=dtype)
+        return buffer[:size]
 
     def extrema(self) -> tuple[float, float]:
         return min(self.lows), max(self.highs)
@@ -335,17 +331,13 @@ class _BlockSums:
         """(center, sum of x - center, sum of (x - center)**2) at the midpoint of the whole range.
 
         Each block's sums are around its own midpoint; they are shifted as the
-        general sketch's parts are when they merge (see ``advmon.stats._sketch_summary``).
+        general sketch's parts are when they merge (``recentered_sums``).
         """
         low, high = self.extrema()
         center = low / 2 + high / 2
-        table = torch.stack(self.rows)[:, 1:].tolist()
-        first_sum = second_sum = 0.0
-        for (block_first, block_second), n, block_low, block_high in zip(table, self.sizes, self.lows, self.highs):
-            shift = (block_low / 2 + block_high / 2) - center
-            first_sum += block_first + n * shift
-            second_sum += block_second + 2 * shift * block_first + n * shift * shift
-        return center, first_sum, second_sum
+        block_centers = [block_low / 2 + block_high / 2 for block_low, block_high in zip(self.lows, self.highs)]
+        firsts, seconds = zip(*torch.stack(self.rows)[:, 1:].tolist())
+        return center, *recentered_sums(zip(self.sizes, block_centers, firsts, seconds), center)
 
 
 def _histogram_pass(layout: _Layout, level: int, first: int) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-__all__ = ["SKETCH_BINS", "HostPart", "Part", "host_level"]
+__all__ = ["SKETCH_BINS", "HostPart", "Part", "host_level", "recentered_sums"]
 
 #: A histogram bin is at most ``(max - min) / SKETCH_BINS`` wide (a power of two).
 SKETCH_BINS = 512
@@ -61,3 +61,19 @@ def host_level(low: float, high: float) -> int:
     largest_exp = math.frexp(max(abs(low), abs(high)))[1]
     level = math.frexp(spread)[1] - 1 - _SKETCH_LEVEL_SHIFT if spread > 0 else largest_exp - 62
     return max(level, largest_exp - 62)
+
+
+def recentered_sums(pieces, center: float) -> tuple[float, float]:
+    """Sums of ``x - center`` and ``(x - center)**2`` over pieces summed around their own centers.
+
+    ``pieces`` yields ``(count, own center, sum of x - own center, sum of its squares)``:
+    the parts of one stage as they merge, or the blocks of one part. Each piece's
+    sums are shifted to ``center`` before they are added; centering every piece
+    on its own range keeps the squares free of cancellation.
+    """
+    first_sum = second_sum = 0.0
+    for count, own_center, first, second in pieces:
+        shift = own_center - center
+        first_sum += first + count * shift
+        second_sum += second + 2 * shift * first + count * shift * shift
+    return first_sum, second_sum

@@ -38,8 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Iterable, Literal, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -67,6 +66,7 @@ from advmon.sketch_format import (
     HostPart,
     Part,
     host_level,
+    recentered_sums,
 )
 
 __all__ = [
@@ -598,12 +598,9 @@ def _sketch_summary(parts: list[HostPart]) -> dict[str, float]:
     low = min(m[_MIN] for m in with_values)
     high = max(m[_MAX] for m in with_values)
     center = low / 2 + high / 2
-    # Shift every part's centered sums to the common center before adding them.
-    first_sum = second_sum = 0.0
-    for m in with_values:
-        shift = m[_CENTER] - center
-        first_sum += m[_CSUM] + m[_N_FINITE] * shift
-        second_sum += m[_CSUMSQ] + 2 * shift * m[_CSUM] + m[_N_FINITE] * shift * shift
+    first_sum, second_sum = recentered_sums(
+        ((m[_N_FINITE], m[_CENTER], m[_CSUM], m[_CSUMSQ]) for m in with_values), center
+    )
     mean_deviation = first_sum / n
     variance = max(second_sum / n - mean_deviation * mean_deviation, 0.0)
     summary.update(

@@ -18,31 +18,21 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
+from bench_stats import advmon_stats
+from bench_stats import median_seconds as _median_seconds
 
-from advmon.observation import observe_inputs, tensor_part
-from advmon.stats import statistics_threads, summarize
+from advmon.observation import observe_inputs
+from advmon.stats import statistics_threads
 
 T = 2048
+CPU = torch.device("cpu")
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def watched_statistics(values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    with statistics_threads():
-        return summarize([tensor_part(values, mask)])
+    return _median_seconds(fn, repeats, CPU)
 
 
 def batch_scaling(repeats: int, max_batch: int) -> list[str]:
@@ -58,9 +48,9 @@ def batch_scaling(repeats: int, max_batch: int) -> list[str]:
         expanded = torch.randn(batch, 1, generator=generator).expand(batch, T)
         elements = batch * T
         t_sum = median_seconds(lambda: dense.sum(), repeats)
-        t_dense = median_seconds(lambda: watched_statistics(dense, mask), repeats)
+        t_dense = median_seconds(lambda: advmon_stats(dense, mask), repeats)
         t_mask = median_seconds(lambda: mask.sum(), repeats)
-        t_expand = median_seconds(lambda: watched_statistics(expanded, mask), repeats)
+        t_expand = median_seconds(lambda: advmon_stats(expanded, mask), repeats)
         lines.append(
             f"  {batch:6d} {elements / 2**20:8.0f}M {t_sum * 1e3:7.2f}ms {t_dense * 1e3:7.1f}ms {t_dense / t_sum:6.1f}"
             f" {t_dense / elements * 1e9:8.2f} {t_mask * 1e3:7.2f}ms {t_expand * 1e3:6.2f}ms {t_expand / t_mask:6.1f}"
