@@ -199,6 +199,17 @@ def make_inputs(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch
     return dense.to(device), per_sequence.to(device).expand(B, T), mask.to(device)
 
 
+def spoilt_run(advantages: torch.Tensor, mask: torch.Tensor, repeats: int, device: torch.device) -> str:
+    """The dense case when a run goes bad: one row of NaN and one of Inf among the valid values."""
+    spoilt = advantages.clone()
+    spoilt[17, :5] = float("nan")
+    spoilt[2000, :] = float("inf")
+    t_fast = median_seconds(lambda: advmon_stats(spoilt, mask), repeats, device)
+    t_general = median_seconds(general_path(lambda: advmon_stats(spoilt, mask)), repeats, device)
+    return (f"  with a NaN row and an Inf row: advmon {t_fast * 1e3:.2f} ms, "
+            f"general path {t_general * 1e3:.2f} ms (1 thread)")
+
+
 def run(repeats: int, device: torch.device) -> list[str]:
     dense, expanded, mask = make_inputs(device)
     tensor_bytes = dense.numel() * dense.element_size()
@@ -233,6 +244,8 @@ def run(repeats: int, device: torch.device) -> list[str]:
                     f"  {threads} thread(s): general path (any mask) {t_general * 1e3:8.2f} ms   = "
                     f"{ratio:6.1f}x (the prefix-mask fast path off)"
                 )
+        if name == "dense" and device.type == "cpu":
+            lines.append(spoilt_run(advantages, mask, max(3, repeats // 3), device))
         t_advmon = median_seconds(lambda: advmon_stats(advantages, mask), repeats, device)
         t_simple = median_seconds(lambda: straightforward(advantages, mask), max(3, repeats // 3), device)
         peers = [(peer, median_seconds(lambda f=f: f(advantages, mask), repeats, device))
