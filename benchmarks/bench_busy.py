@@ -11,10 +11,14 @@ jobs keep the cores busy. Here neighbour processes do that, in five settings:
 In each, interleaved in one run: a dense per-token estimator (B=512, T=1024) called
 bare and watched (advmon's statistics, no sink), and a trainer op of its own (a
 matmul and a few elementwise ops) timed between calls, once beside bare calls and
-once beside watched calls. Reported: advmon's added time per call (medians) and
+once beside watched calls. Reported: advmon's added time per call and
 its ratio to the quiet figure (goal <= 3x), and the trainer op's time beside advmon
 over beside the bare estimator (goal <= 1.10), as a ratio of medians and as the
 median of back-to-back pairs (steadier when neighbours make every time swing).
+The added time is likewise the median of back-to-back differences (a watched call
+minus the bare call just before it): beside two torch neighbours the bare
+estimator's own median swings several-fold between runs, and a difference of
+medians can then even come out negative.
 
 Then the setting that once made a watched call take 200-330 ms: more OpenMP
 threads than free cores (``torch.set_num_threads(4)`` on 2 cores with two 2-thread
@@ -102,7 +106,19 @@ def measure(calls: int, monitor: advmon.Monitor) -> dict[str, float]:
     # before it: pairs see the same machine, so their median is steadier than a
     # ratio of medians when neighbours make every time swing.
     medians["op_paired"] = statistics.median(w / b for b, w in zip(times["op_bare"], times["op_watched"]))
+    medians["added"] = statistics.median(w - b for b, w in zip(times["bare"], times["watched"]))
     return medians
+
+
+def share_floor(kind: str, count: int) -> float:
+    """The least slowdown fair scheduling allows one CPU-bound thread beside the neighbours.
+
+    Busy threads: the caller's (advmon's statistics run on it, one intra-op thread)
+    and each neighbour's (one spinning, or two torch threads). With more of them
+    than cores, each gets ``cores / busy`` of a core.
+    """
+    busy = 1 + count * (1 if kind == "spin" else 2)
+    return max(1.0, busy / (os.cpu_count() or 1))
 
 
 def pause_probe(repeats: int) -> list[str]:
@@ -146,20 +162,21 @@ def main() -> None:
                           (None, "for comparison: statistics on the caller's thread count")):
         stats.STATISTICS_THREADS = policy
         print(title)
-        print(f"  {'setting':10} {'bare':>9} {'watched':>9} {'added':>9} {'vs quiet':>9} {'trainer op':>11} "
-              f"{'beside advmon':>14} {'paired':>7}")
+        print(f"  {'setting':10} {'bare':>9} {'watched':>9} {'added':>9} {'vs quiet':>9} {'share floor':>12} "
+              f"{'trainer op':>11} {'beside advmon':>14} {'paired':>7}")
         quiet_added = None
         for label, kind, count in (("quiet", "spin", 0), ("1 spin", "spin", 1), ("2 spin", "spin", 2),
                                    ("1 torch", "torch", 1), ("2 torch", "torch", 2)):
             with neighbours(kind, count):
                 m = measure(args.calls, monitor)
-            added = m["watched"] - m["bare"]
+            added = m["added"]
             quiet_added = added if quiet_added is None else quiet_added
             print(f"  {label:10} {m['bare'] * 1e3:7.2f}ms {m['watched'] * 1e3:7.2f}ms {added * 1e3:7.2f}ms "
-                  f"{added / quiet_added:8.2f}x {m['op_bare'] * 1e3:9.2f}ms {m['op_watched'] / m['op_bare']:13.2f}x "
-                  f"{m['op_paired']:6.2f}x")
+                  f"{added / quiet_added:8.2f}x {share_floor(kind, count):11.2f}x "
+                  f"{m['op_bare'] * 1e3:9.2f}ms {m['op_watched'] / m['op_bare']:13.2f}x {m['op_paired']:6.2f}x")
     stats.STATISTICS_THREADS = 1
     print("  goals: added <= 3x quiet; trainer op beside advmon <= 1.10x")
+    print("  share floor: the slowdown of one busy thread under fair scheduling, (busy threads) / cores")
     print(f"oversubscribed: torch.set_num_threads({2 * (os.cpu_count() or 2)}) with two 2-thread torch neighbours")
     torch.set_num_threads(2 * (os.cpu_count() or 2))
     with neighbours("torch", 2):
@@ -171,7 +188,7 @@ def main() -> None:
             stats.STATISTICS_THREADS = 1
     torch.set_num_threads(threads)
     for label, m in (("advmon", single), ("(multi-threaded stats)", multi)):
-        print(f"  {label:24} added {(m['watched'] - m['bare']) * 1e3:8.2f} ms per call "
+        print(f"  {label:24} added {m['added'] * 1e3:8.2f} ms per call "
               f"(bare estimator {m['bare'] * 1e3:.2f} ms)")
     monitor.close()
     print("\n".join(pause_probe(2 * args.calls)))

@@ -14,8 +14,13 @@
 4. MLflow draining a backlog to a local ``mlflow server`` (sqlite store): records/s.
    Goal: >= 1,000. And what the server itself takes: one ``log_batch`` of 1,000
    metrics, shaped as advmon's records (47 keys x 21 steps) and two other ways.
+5. The store without the server: MLflow's own ``SqlAlchemyStore.log_batch`` called
+   in-process (no HTTP), on sqlite, and with ``--postgres`` also on a throwaway
+   PostgreSQL cluster (needs the Debian ``postgresql`` package, ``psycopg2-binary``
+   and root, which starts it as the ``postgres`` user on a free loopback port). This
+   is the ceiling for any MLflow client on these machines.
 
-Usage: python benchmarks/bench_emit.py [--calls N] [--records N]
+Usage: python benchmarks/bench_emit.py [--calls N] [--records N] [--postgres]
 """
 
 from __future__ import annotations
@@ -243,10 +248,66 @@ def mlflow_server_write_rate(url: str, repeats: int = 5) -> list[str]:
     return lines
 
 
+def store_write_rate(uri: str, repeats: int = 5) -> list[str]:
+    """MLflow's store called in-process (no server, no HTTP): metrics/s for 1,000-metric batches."""
+    from mlflow.entities import Metric
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = SqlAlchemyStore(uri, tempfile.mkdtemp(prefix="advmon-artifacts-"))
+    experiment = store.get_experiment_by_name("Default").experiment_id
+    run_id = store.create_run(experiment, "bench", int(time.time() * 1000), [], "bench").info.run_id
+    lines = [f"the {uri.split(':')[0]} store in-process (no server), 1,000-metric log_batch calls, median of {repeats}:"]
+    for keys, steps in ((47, 21), (1000, 1)):
+        seconds = []
+        for repeat in range(repeats):  # new steps each time: a backlog of fresh records
+            metrics = [Metric(f"k{k}", 1.0, 0, repeat * steps + s) for s in range(steps) for k in range(keys)][:1000]
+            started = time.perf_counter()
+            store.log_batch(run_id, metrics=metrics, params=[], tags=[])
+            seconds.append(time.perf_counter() - started)
+        median = statistics.median(seconds)
+        records = f"  = {1000 / median / keys:5.0f} records/s" if keys == 47 else ""
+        lines.append(f"  {keys:4d} keys x {steps:3d} steps  {median * 1e3:7.1f} ms per call  {1000 / median:7.0f} metrics/s"
+                     + records)
+    return lines
+
+
+@contextmanager
+def throwaway_postgres():
+    """A PostgreSQL cluster in a temporary directory on a free loopback port; yields its SQLAlchemy URI."""
+    import glob
+    import shutil
+
+    import psycopg2  # noqa: F401  (the driver MLflow's store needs; fail before starting anything)
+
+    binaries = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+    if not binaries:
+        raise SystemExit("--postgres needs the Debian postgresql package (apt-get install postgresql)")
+    bin_dir = Path(binaries[-1])
+    root = Path(tempfile.mkdtemp(prefix="advmon-pg-"))
+    shutil.chown(root, "postgres")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    def as_postgres(*command: str) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", *command], check=True, capture_output=True)
+
+    as_postgres(str(bin_dir / "initdb"), "-D", str(root / "data"), "-A", "trust", "-U", "postgres")
+    as_postgres(str(bin_dir / "pg_ctl"), "-D", str(root / "data"), "-w", "-l", str(root / "log"), "-o",
+                f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start")
+    try:
+        as_postgres(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "mlflow")
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/mlflow"
+    finally:
+        as_postgres(str(bin_dir / "pg_ctl"), "-D", str(root / "data"), "-m", "immediate", "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=60)
     parser.add_argument("--records", type=int, default=300)
+    parser.add_argument("--postgres", action="store_true", help="also time the store on a throwaway PostgreSQL")
     args = parser.parse_args()
     print(f"bench_emit: torch {torch.__version__}, {torch.get_num_threads()} threads, medians")
     print("\n".join(training_thread_cost(args.calls)))
@@ -255,6 +316,10 @@ def main() -> None:
         print("\n".join(all_sinks_training_cost(args.records, url)))
         print("\n".join(mlflow_server_drain(max(args.records, 1000), url)))
         print("\n".join(mlflow_server_write_rate(url)))
+    print("\n".join(store_write_rate(f"sqlite:///{tempfile.mkdtemp(prefix='advmon-store-')}/mlflow.db")))
+    if args.postgres:
+        with throwaway_postgres() as uri:
+            print("\n".join(store_write_rate(uri)))
 
 
 if __name__ == "__main__":
