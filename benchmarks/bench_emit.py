@@ -292,14 +292,18 @@ def throwaway_postgres():
     def as_postgres(*command: str) -> None:
         subprocess.run(["runuser", "-u", "postgres", "--", *command], check=True, capture_output=True)
 
-    as_postgres(str(bin_dir / "initdb"), "-D", str(root / "data"), "-A", "trust", "-U", "postgres")
-    as_postgres(str(bin_dir / "pg_ctl"), "-D", str(root / "data"), "-w", "-l", str(root / "log"), "-o",
-                f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start")
+    started = False
     try:
+        # Trust authentication: a throwaway database on loopback that lives for seconds.
+        as_postgres(str(bin_dir / "initdb"), "-D", str(root / "data"), "-A", "trust", "-U", "postgres")
+        as_postgres(str(bin_dir / "pg_ctl"), "-D", str(root / "data"), "-w", "-l", str(root / "log"), "-o",
+                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start")
+        started = True
         as_postgres(str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "mlflow")
         yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/mlflow"
     finally:
-        as_postgres(str(bin_dir / "pg_ctl"), "-D", str(root / "data"), "-m", "immediate", "stop")
+        if started:
+            as_postgres(str(bin_dir / "pg_ctl"), "-D", str(root / "data"), "-m", "immediate", "stop")
         shutil.rmtree(root, ignore_errors=True)
 
 
