@@ -48,6 +48,8 @@ GROUP_ROWS = 64
 BLOCK_ELEMENTS = 1 << 17
 #: Bins of the first-pass histogram: the guessed range takes at most 1026, the rest is margin.
 _GUESS_BINS = 4096
+#: Bin indices of this many values are counted by one ``bincount`` (int16: 1 MiB).
+_PENDING_BINS = 4 * BLOCK_ELEMENTS
 
 
 def indicator_chunks(mask: torch.Tensor, dtype: torch.dtype = torch.float32, chunk_elements: int = 1 << 19):
@@ -131,7 +133,7 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor) -> Part | None:
     if sums.window_missed or level < window.level:
         histogram = _histogram_pass(layout, level, offset)
     else:
-        histogram = window.coarsened(sums.histogram, level, offset)
+        histogram = window.coarsened(sums.window_histogram(), level, offset)
     finite = float(total - sums.nan - sums.inf)
     scalars = torch.tensor(
         [float(total), float(sums.nan), float(sums.inf), finite, sums.abs_sum(), low, high, *sums.centered(),
@@ -259,15 +261,23 @@ class _Window:
 
 
 class _BlockSums:
-    """Running moments, extrema and window histogram over blocks of valid values."""
+    """Running moments, extrema and window histogram over blocks of valid values.
+
+    A block costs a dozen torch calls of a few microseconds each, so per-block
+    bookkeeping is kept off torch: the sums stay 0-d tensors in lists, stacked
+    once at the end, and bin indices of several blocks wait in one int16 buffer
+    for a single ``bincount`` (measured ~6% faster per call than one ``bincount``,
+    one histogram add and one stack per block).
+    """
 
     def __init__(self, dtype: torch.dtype, window: _Window) -> None:
         self.window = window
         self.sizes: list[int] = []
         self.window_missed = False
         self.nan = self.inf = 0
-        self.histogram = torch.zeros(_GUESS_BINS, dtype=torch.int64)
-        self.rows: list[torch.Tensor] = []
+        self._histogram = torch.zeros(_GUESS_BINS, dtype=torch.int64)
+        self._pending = 0  # bin indices waiting in the "bins" buffer
+        self._sums: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] = ([], [], [])
         self.lows: list[float] = []
         self.highs: list[float] = []
         # Scaling float32 values by a power of two is exact unless a tiny value
@@ -298,21 +308,37 @@ class _BlockSums:
             self._count_bins(block if self._bin_in_float32 else copy)
         else:
             self.window_missed = True
-        abs_sum = torch.abs(copy, out=self._buffer("magnitudes", copy.numel(), torch.float64)).sum()
+        abs_sums, first_sums, second_sums = self._sums
+        abs_sums.append(torch.abs(copy, out=self._buffer("magnitudes", copy.numel(), torch.float64)).sum())
         copy.sub_(low / 2 + high / 2)  # halves first: no overflow near the float limits
         self.sizes.append(block.numel())
-        self.rows.append(torch.stack([abs_sum, copy.sum(), torch.dot(copy, copy)]))
+        first_sums.append(copy.sum())
+        second_sums.append(torch.dot(copy, copy))
 
     def _count_bins(self, block: torch.Tensor) -> None:
-        """Add ``floor(x / 2**level) - first`` of every value to the window histogram."""
-        scaled = torch.mul(block, self.window.scale, out=self._buffer("scaled", block.numel(), self._scaled_dtype))
+        """Queue ``floor(x / 2**level) - first`` of every value for the window histogram."""
+        size = block.numel()
+        if self._pending + size > _PENDING_BINS:
+            self._count_pending()
+        scaled = torch.mul(block, self.window.scale, out=self._buffer("scaled", size, self._scaled_dtype))
         scaled.floor_()
         if self._first_exact:
             scaled.sub_(self.window.first)
         else:
             scaled.sub_(self.window.anchor).add_(self.window.margin)
-        bins = self._buffer("bins", block.numel(), torch.int32).copy_(scaled)
-        self.histogram += torch.bincount(bins, minlength=_GUESS_BINS)
+        bins = self._buffer("bins", max(_PENDING_BINS, size), torch.int16)  # bins < _GUESS_BINS < 2**15
+        bins[self._pending : self._pending + size].copy_(scaled)
+        self._pending += size
+
+    def _count_pending(self) -> None:
+        if self._pending:
+            self._histogram += torch.bincount(self._buffers["bins"][: self._pending], minlength=_GUESS_BINS)
+            self._pending = 0
+
+    def window_histogram(self) -> torch.Tensor:
+        """Counts per window bin of every value added (only meaningful if the window was never missed)."""
+        self._count_pending()
+        return self._histogram
 
     def _buffer(self, name: str, size: int, dtype: torch.dtype) -> torch.Tensor:
         """A buffer of at least ``size`` elements, made once and reused for the blocks of one call."""
@@ -325,7 +351,7 @@ class _BlockSums:
         return min(self.lows), max(self.highs)
 
     def abs_sum(self) -> float:
-        return float(torch.stack(self.rows)[:, 0].sum())
+        return float(torch.stack(self._sums[0]).sum())
 
     def centered(self) -> tuple[float, float, float]:
         """(center, sum of x - center, sum of (x - center)**2) at the midpoint of the whole range.
@@ -336,7 +362,7 @@ class _BlockSums:
         low, high = self.extrema()
         center = low / 2 + high / 2
         block_centers = [block_low / 2 + block_high / 2 for block_low, block_high in zip(self.lows, self.highs)]
-        firsts, seconds = zip(*torch.stack(self.rows)[:, 1:].tolist())
+        firsts, seconds = torch.stack([torch.stack(self._sums[1]), torch.stack(self._sums[2])]).tolist()
         return center, *recentered_sums(zip(self.sizes, block_centers, firsts, seconds), center)
 
 

@@ -305,6 +305,7 @@ def test_many_small_blocks_and_groups_agree_bin_for_bin(case):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(prefix_sketch, "BLOCK_ELEMENTS", 256)  # many blocks, groups of a few rows, ragged rests
         patch.setattr(prefix_sketch, "GROUP_ROWS", 4)
+        patch.setattr(prefix_sketch, "_PENDING_BINS", 600)  # bins counted every two or three blocks
         part = prefix_part(values, prefix_lengths(mask))
     if sum(lengths) == 0 or _guess(values, lengths) is None:
         assert part is None
