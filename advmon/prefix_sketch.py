@@ -166,9 +166,10 @@ class _Layout:
         if bool((extra > 0).any()):
             keep = extra > 0
             rows, first, extra = order[keep], first[keep], extra[keep]
-            ends = torch.cumsum(extra, 0)
-            within = torch.arange(int(ends[-1])) - torch.repeat_interleave(ends - extra, extra)
-            self.ragged = self.offsets(torch.repeat_interleave(rows, extra), torch.repeat_interleave(first, extra) + within)
+            before = torch.cumsum(extra, 0) - extra  # ragged entries of the rows before each row
+            # Entry k of the ragged rest sits at its row's first ragged offset plus k - before.
+            shift = self.offsets(rows, first) - before
+            self.ragged = torch.arange(int(before[-1] + extra[-1])) + torch.repeat_interleave(shift, extra)
 
     def offsets(self, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """Positions of ``values[rows, columns]`` in :meth:`flat` (rows are contiguous)."""
