@@ -44,7 +44,8 @@ __all__ = ["indicator_chunks", "prefix_lengths", "prefix_part"]
 
 #: At most this many sorted rows are gathered per ``index_select`` (fewer for long rows).
 GROUP_ROWS = 64
-#: Dense valid values processed at once (float32 and its float64 copy stay in L2 cache).
+#: Dense valid values processed at once. 256K measured 3-5% faster (fewer torch calls)
+#: but took peak memory to 0.50-0.51x a 4096 x 2048 float32 tensor (128K: 0.43-0.45x).
 BLOCK_ELEMENTS = 1 << 17
 #: Bins of the first-pass histogram: the guessed range takes at most 1026, the rest is margin.
 _GUESS_BINS = 4096
@@ -310,7 +311,8 @@ class _BlockSums:
         else:
             self.window_missed = True
         abs_sums, first_sums, second_sums = self._sums
-        abs_sums.append(torch.abs(copy, out=self._buffer("magnitudes", copy.numel(), torch.float64)).sum())
+        # The scratch buffer's scaled values are in the pending bins by now: reuse it.
+        abs_sums.append(torch.abs(copy, out=self._scratch(copy.numel(), torch.float64)).sum())
         copy.sub_(low / 2 + high / 2)  # halves first: no overflow near the float limits
         self.sizes.append(block.numel())
         first_sums.append(copy.sum())
@@ -321,7 +323,7 @@ class _BlockSums:
         size = block.numel()
         if self._pending + size > _PENDING_BINS:
             self._count_pending()
-        scaled = torch.mul(block, self.window.scale, out=self._buffer("scaled", size, self._scaled_dtype))
+        scaled = torch.mul(block, self.window.scale, out=self._scratch(size, self._scaled_dtype))
         scaled.floor_()
         if self._first_exact:
             scaled.sub_(self.window.first)
@@ -347,6 +349,10 @@ class _BlockSums:
         if buffer is None or buffer.numel() < size:
             buffer = self._buffers[name] = torch.empty(max(size, BLOCK_ELEMENTS), dtype=dtype)
         return buffer[:size]
+
+    def _scratch(self, size: int, dtype: torch.dtype) -> torch.Tensor:
+        """``size`` elements of one scratch buffer: a block's scaled values, then its magnitudes."""
+        return self._buffer("scratch", size, torch.float64).view(dtype)[:size]  # float64 holds either dtype
 
     def extrema(self) -> tuple[float, float]:
         return min(self.lows), max(self.highs)
