@@ -51,6 +51,7 @@ BLOCK_ELEMENTS = 1 << 17
 _GUESS_BINS = 4096
 #: Bin indices of this many values are counted by one ``bincount`` (int16: 1 MiB).
 _PENDING_BINS = 4 * BLOCK_ELEMENTS
+assert _GUESS_BINS <= 1 << 15, "window bin indices are kept as int16"
 
 
 def indicator_chunks(mask: torch.Tensor, dtype: torch.dtype = torch.float32, chunk_elements: int = 1 << 19):
@@ -329,7 +330,7 @@ class _BlockSums:
             scaled.sub_(self.window.first)
         else:
             scaled.sub_(self.window.anchor).add_(self.window.margin)
-        bins = self._buffer("bins", max(_PENDING_BINS, size), torch.int16)  # bins < _GUESS_BINS < 2**15
+        bins = self._buffer("bins", max(_PENDING_BINS, size), torch.int16)  # bins < _GUESS_BINS <= 2**15
         bins[self._pending : self._pending + size].copy_(scaled)
         self._pending += size
 
