@@ -121,9 +121,9 @@ def statistics_threads() -> Iterator[None]:
     The statistics are many small, memory-bound ops over cache-sized chunks. With
     more OpenMP threads than free cores (a busy machine: data loaders, reward
     workers, other jobs) every one of those parallel regions waits for a
-    descheduled thread: ``benchmarks/bench_busy.py`` measured 4.5-10x the quiet
-    cost beside torch neighbours with two threads, 1.5-3.3x with one, and a quiet
-    machine pays little for one. ``torch.set_num_threads`` sets the calling
+    descheduled thread: ``benchmarks/bench_busy.py`` measured up to 19-42x the
+    quiet cost beside torch neighbours with two threads (watched calls of 250-300
+    ms), 1.4-5.5x with one, and a quiet machine pays little for one. ``torch.set_num_threads`` sets the calling
     thread's OpenMP team size (and torch's process-wide MKL and pthreadpool
     sizes) and is restored on exit.
     """

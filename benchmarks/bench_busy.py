@@ -20,12 +20,14 @@ minus the bare call just before it): beside two torch neighbours the bare
 estimator's own median swings several-fold between runs, and a difference of
 medians can then even come out negative.
 
-Then the setting that once made a watched call take 200-330 ms: more OpenMP
-threads than free cores (``torch.set_num_threads(4)`` on 2 cores with two 2-thread
-neighbours), where every parallel region waits for a descheduled thread. advmon's
-statistics run with one intra-op thread on the caller's thread (see
-``advmon.stats.statistics_threads``), so the row ``advmon, 4 threads`` shows what a
-user sees there; ``(multi-threaded stats)`` shows what it would be otherwise.
+The five settings run twice: with advmon's statistics on one intra-op thread (its
+default, see ``advmon.stats.statistics_threads``) and, for comparison, on the
+caller's thread count. The watched calls of 200-330 ms once seen come from the
+second beside torch neighbours, where every parallel region waits for a
+descheduled thread. Then more OpenMP threads than cores
+(``torch.set_num_threads(4)`` on 2 cores with two 2-thread neighbours): the row
+``advmon`` shows what a user sees there, ``(multi-threaded stats)`` what it would
+be otherwise.
 
 Last, why the trainer's own op can be slower right after a watched call when two
 spinning neighbours hold both cores: the same op timed after 2-thread torch work,

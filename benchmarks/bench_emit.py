@@ -145,12 +145,17 @@ def real_sinks_throughput(records: int) -> list[str]:
     return lines
 
 
+def _free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @contextmanager
 def mlflow_server(workdir: Path):
     """A real ``mlflow server`` on 127.0.0.1 with a sqlite store; yields its URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     mlflow = str(Path(sys.executable).with_name("mlflow"))
     process = subprocess.Popen(
         [mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
@@ -290,9 +295,7 @@ def throwaway_postgres():
     bin_dir = Path(binaries[-1])
     root = Path(tempfile.mkdtemp(prefix="advmon-pg-"))
     shutil.chown(root, "postgres")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
 
     def as_postgres(*command: str) -> None:
         subprocess.run(["runuser", "-u", "postgres", "--", *command], check=True, capture_output=True)
