@@ -17,6 +17,20 @@ import numpy as np
 import torch
 
 
+def peer_sums(values: torch.Tensor) -> torch.Tensor:
+    """Each sample's sum over its peers (the other samples), adding one peer at a time.
+
+    Elementwise float32 adds round the same on every CPU and GPU; a matmul's
+    accumulation order (and so its cancellation) changes with the vector width.
+    """
+    n = values.shape[0]
+    position = torch.arange(n, device=values.device)
+    total = torch.zeros_like(values)
+    for j in range(n):
+        total = total + torch.where(position == j, 0.0, values[j])
+    return total
+
+
 def loo_baseline_and_std(prompt_ids: torch.Tensor, rewards: torch.Tensor):
     """Leave-one-out mean and unbiased std over each sample's peers (identical prompt rows)."""
     baseline = torch.zeros_like(rewards)
@@ -28,12 +42,12 @@ def loo_baseline_and_std(prompt_ids: torch.Tensor, rewards: torch.Tensor):
             baseline[idx] = rewards[idx]
             continue
         r = rewards[idx]
-        others = 1 - torch.eye(n)
-        mean = (others @ r) / (n - 1)
-        sq = (others @ (r * r)) / (n - 1)
+        mean = peer_sums(r) / (n - 1)
+        sq = peer_sums(r * r) / (n - 1)
         baseline[idx] = mean
         if n > 2:
-            # E[x^2] - E[x]^2 in float32, as NeMo-RL computes it (and cancels).
+            # E[x^2] - E[x]^2 in float32, as NeMo-RL computes it (and cancels): rewards
+            # [0.0] + [0.3] * 7 give a peer std of ~9e-5 and an advantage of ~-3184.
             std[idx] = ((sq - mean * mean) * ((n - 1) / (n - 2))).sqrt().nan_to_num(0.0)
     return baseline, std
 
