@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+
+from advmon.devices import sync_free, to_device
 
 __all__ = [
     "GROUP_COUNT_FIELDS",
@@ -36,6 +38,7 @@ __all__ = [
     "derived_pre_norm",
     "group_counts",
     "group_ids",
+    "group_statistics",
     "merge_group_counts",
 ]
 
@@ -82,7 +85,7 @@ def group_ids(
         ids = _hashable_group_ids(groups, batch_size)
     else:
         raise GroupsError(f"groups must be a tensor, an array or a sequence, got {type(groups).__name__}")
-    return ids if device is None else ids.to(device)
+    return ids if device is None else to_device(ids, device)
 
 
 def _tensor_group_ids(groups: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -91,7 +94,7 @@ def _tensor_group_ids(groups: torch.Tensor, batch_size: int) -> torch.Tensor:
             f"expected group ids of shape [{batch_size}] or [{batch_size}, S], got {list(groups.shape)}"
         )
     if groups.dim() == 2:
-        return _row_group_ids(groups)
+        return _hashed_row_group_ids(groups) if sync_free(groups) else _row_group_ids(groups)
     ordered, order = torch.sort(groups, stable=True)
     starts = torch.ones(batch_size, dtype=torch.long, device=groups.device)
     if batch_size > 1:
@@ -115,6 +118,57 @@ def _row_group_ids(rows: torch.Tensor) -> torch.Tensor:
     return group_of_run[run_of_row]
 
 
+def _hashed_row_group_ids(rows: torch.Tensor) -> torch.Tensor:
+    """Identical rows share a group, found without ``torch.unique`` (which reads sizes back to the host).
+
+    Rows are sorted by a 64-bit hash, so identical rows are neighbours; a group
+    starts wherever a row differs from the one before it (compared in full: two
+    different rows are never merged), and ``cumsum`` numbers the groups. Only a
+    hash collision between different rows, at odds of about ``B**2 / 2**64``,
+    could split a group.
+    """
+    count = rows.shape[0]
+    if count == 0:
+        return torch.zeros(0, dtype=torch.long, device=rows.device)
+    order = torch.argsort(_row_hashes(rows), stable=True)
+    ordered = rows[order]
+    starts = torch.ones(count, dtype=torch.long, device=rows.device)
+    starts[1:] = (ordered[1:] != ordered[:-1]).any(dim=1)
+    return torch.empty_like(starts).index_copy_(0, order, torch.cumsum(starts, 0) - 1)
+
+
+#: Multipliers of the row hash (odd 64-bit constants, as signed int64).
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15
+_MIX = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_COLUMN_WEIGHTS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _row_hashes(rows: torch.Tensor) -> torch.Tensor:
+    """A 64-bit hash of every row: each entry times an odd weight of its column, mixed, then summed.
+
+    Arithmetic wraps modulo ``2**64``; the xor-shift between the two multiplies
+    makes the hash non-linear, so rows that differ by a permutation or by
+    structured differences do not cancel.
+    """
+    if rows.is_floating_point():
+        values = (rows.to(torch.float64) + 0.0).view(torch.int64)  # + 0.0: -0.0 and 0.0 are equal ids
+    else:
+        values = rows.to(torch.int64)
+    mixed = values * _column_weights(rows.shape[1], rows.device)
+    mixed ^= (mixed >> 31) & 0x1FFFFFFFF  # a logical shift: torch shifts int64 arithmetically
+    mixed *= _MIX
+    return mixed.sum(dim=1)
+
+
+def _column_weights(columns: int, device: torch.device) -> torch.Tensor:
+    """Odd pseudo-random int64 weights, one per column, made on the device once per shape."""
+    key = (columns, device)
+    if key not in _COLUMN_WEIGHTS:
+        weights = torch.arange(1, columns + 1, dtype=torch.int64, device=device) * _GOLDEN
+        _COLUMN_WEIGHTS[key] = (weights ^ (weights >> 29)) * _MIX | 1
+    return _COLUMN_WEIGHTS[key]
+
+
 def _hashable_group_ids(groups: Sequence[Any] | np.ndarray, batch_size: int) -> torch.Tensor:
     if len(groups) != batch_size:
         raise GroupsError(f"expected {batch_size} group ids, got {len(groups)}")
@@ -134,23 +188,84 @@ def _hashable(item: Any) -> Any:
     return item
 
 
-def _per_group(rewards: torch.Tensor, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Size, finite count, finite sum, finite min and max of each group (slot = id)."""
-    size = rewards.shape[0]
+class _PerGroup(NamedTuple):
+    """Each group's size and finite rewards' count, mean, min and max (one slot per group, unused slots empty)."""
+
+    size: torch.Tensor
+    finite: torch.Tensor
+    mean: torch.Tensor
+    min: torch.Tensor
+    max: torch.Tensor
+    slot: torch.Tensor  #: each sample's group slot
+
+
+def _per_group(rewards: torch.Tensor, ids: torch.Tensor) -> _PerGroup:
+    """Per-group values of float64 rewards: on the CPU with slot = id, elsewhere from sorted segments."""
+    if sync_free(rewards):
+        return _sorted_per_group(rewards, ids)
     finite = torch.isfinite(rewards)
-    zeros = torch.zeros(size, dtype=torch.float64, device=rewards.device)
-    kept = torch.where(finite, rewards, 0.0)
-    return {
-        "size": zeros.index_add(0, ids, torch.ones_like(kept)),
-        "finite": zeros.index_add(0, ids, finite.to(torch.float64)),
-        "sum": zeros.index_add(0, ids, kept),
-        "min": torch.full_like(zeros, math.inf).scatter_reduce(
-            0, ids, torch.where(finite, rewards, math.inf), "amin"
-        ),
-        "max": torch.full_like(zeros, -math.inf).scatter_reduce(
-            0, ids, torch.where(finite, rewards, -math.inf), "amax"
-        ),
-    }
+    zeros = torch.zeros(rewards.shape[0], dtype=torch.float64, device=rewards.device)
+    finite_count = zeros.index_add(0, ids, finite.to(torch.float64))
+    return _PerGroup(
+        size=zeros.index_add(0, ids, torch.ones_like(zeros)),
+        finite=finite_count,
+        mean=zeros.index_add(0, ids, torch.where(finite, rewards, 0.0)) / finite_count,
+        min=torch.full_like(zeros, math.inf).scatter_reduce(0, ids, torch.where(finite, rewards, math.inf), "amin"),
+        max=torch.full_like(zeros, -math.inf).scatter_reduce(0, ids, torch.where(finite, rewards, -math.inf), "amax"),
+        slot=ids,
+    )
+
+
+def _sorted_per_group(rewards: torch.Tensor, ids: torch.Tensor) -> _PerGroup:
+    """:func:`_per_group` without atomics or host reads, deterministic on every device.
+
+    Samples are sorted by group, then by reward (non-finite rewards last), so each
+    group is a segment whose first and last finite entries are its minimum and
+    maximum, and whose counts and sums are differences of one ``cumsum``. A
+    running sum over the batch would carry other groups' magnitudes (1e30 in one
+    group swallows 0.3 in the next), so what is summed is each group's values
+    scaled into ``[0, 2]`` by its own range, and the mean is then corrected once
+    by the summed scaled residuals. A zero-std group sums exact zeros: its mean is
+    its value, exactly. Slot ``s`` holds the ``s``-th group.
+    """
+    count = rewards.shape[0]
+    key = torch.where(rewards.abs() < math.inf, rewards, math.inf)  # NaN and -inf sort with inf, last
+    by_reward = torch.argsort(key, stable=True)
+    order = by_reward[torch.argsort(ids[by_reward], stable=True)]
+    group_of = ids[order]
+    ordered = key[order]
+    starts = torch.ones(count, dtype=torch.long, device=rewards.device)
+    starts[1:] = group_of[1:] != group_of[:-1]
+    segment = torch.cumsum(starts, 0) - 1
+    slots = torch.arange(count, device=rewards.device)
+    first = torch.searchsorted(segment, slots)
+    after = torch.searchsorted(segment, slots, right=True)
+    usable = ordered < math.inf
+    finite = _segment_sums(usable.to(torch.int64), first, after)
+    low = ordered[first.clamp(max=count - 1)]  # inf where a group has no finite reward
+    high = ordered[(first + finite - 1).clamp(min=0, max=count - 1)]  # meaningful where finite >= 1
+    scale = torch.where(high > low, high / 2 - low / 2, 1.0)  # half the range: never overflows
+
+    def scaled_mean_from(center: torch.Tensor) -> torch.Tensor:
+        scaled = torch.where(usable, (ordered - center[segment]) / scale[segment], 0.0)
+        return _segment_sums(scaled, first, after) / finite
+
+    mean = low + scale * scaled_mean_from(low)
+    mean = mean + scale * scaled_mean_from(mean)
+    return _PerGroup(
+        size=after - first,
+        finite=finite,
+        mean=mean,
+        min=low,
+        max=torch.where(finite > 0, high, -math.inf),
+        slot=torch.empty_like(segment).index_copy_(0, order, segment),
+    )
+
+
+def _segment_sums(values: torch.Tensor, first: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """Sums of ``values[first[s]:after[s]]`` for every slot ``s``, as differences of one cumsum."""
+    running = torch.cat([values.new_zeros(1), torch.cumsum(values, 0)])
+    return running[after] - running[first]
 
 
 def group_counts(
@@ -171,30 +286,58 @@ def group_counts(
     if ids is None:
         return torch.zeros(len(GROUP_COUNT_FIELDS), dtype=torch.float64, device=device)
     if rewards is None:
-        size = torch.zeros(ids.shape[0], dtype=torch.float64, device=ids.device)
-        size.index_add_(0, ids, torch.ones_like(size))
+        size = _group_sizes(ids)
         counts = torch.full((len(GROUP_COUNT_FIELDS),), math.nan, dtype=torch.float64, device=ids.device)
         counts[0] = torch.count_nonzero(size > 0)
         counts[1] = torch.count_nonzero(size == 1)
         counts[-1] = _largest(size)
         return counts
-    group = _per_group(rewards.to(torch.float64), ids)
-    exists = group["size"] > 0
-    comparable = group["finite"] >= 2
+    return _counts(_per_group(rewards.to(torch.float64), ids), reward_range)
+
+
+def group_statistics(
+    rewards: torch.Tensor, ids: torch.Tensor | None, reward_range: tuple[float, float] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`group_counts` and :func:`derived_pre_norm` of one call, from one pass over its groups.
+
+    Example:
+        >>> counts, pre_norm = group_statistics(torch.tensor([1.0, 3.0, 2.0, 2.0]), torch.tensor([0, 0, 1, 1]), None)
+        >>> dict(zip(GROUP_COUNT_FIELDS, counts.tolist()))["zero_std"], pre_norm.tolist()
+        (1.0, [-1.0, 1.0, 0.0, 0.0])
+    """
+    rewards = rewards.to(torch.float64)
+    if ids is None:
+        return group_counts(rewards, None, reward_range), derived_pre_norm(rewards, None)
+    group = _per_group(rewards, ids)
+    return _counts(group, reward_range), _minus_group_means(rewards, group)
+
+
+def _counts(group: _PerGroup, reward_range: tuple[float, float] | None) -> torch.Tensor:
+    exists = group.size > 0
+    comparable = group.finite >= 2
     low, high = reward_range if reward_range is not None else (math.nan, math.nan)
     fields = [
         exists,
-        group["size"] == 1,
+        group.size == 1,
         comparable,
-        comparable & (group["min"] == group["max"]),
-        exists & (group["finite"] < group["size"]),
-        comparable & (group["max"] <= low),
-        comparable & (group["min"] >= high),
+        comparable & (group.min == group.max),
+        exists & (group.finite < group.size),
+        comparable & (group.max <= low),
+        comparable & (group.min >= high),
     ]
-    counts = torch.stack([*(torch.count_nonzero(f) for f in fields), _largest(group["size"])]).to(torch.float64)
+    counts = torch.cat([torch.stack(fields).sum(dim=1), _largest(group.size)[None]]).to(torch.float64)
     if reward_range is None:
         counts[5:7] = math.nan
     return counts
+
+
+def _group_sizes(ids: torch.Tensor) -> torch.Tensor:
+    """Samples per group slot of dense ids (sorted and counted by ``searchsorted`` off the CPU: no atomics)."""
+    slots = torch.arange(ids.shape[0], device=ids.device)
+    if not sync_free(ids):
+        return torch.zeros_like(slots).index_add_(0, ids, torch.ones_like(slots))
+    ordered = torch.sort(ids).values
+    return torch.searchsorted(ordered, slots, right=True) - torch.searchsorted(ordered, slots)
 
 
 def _largest(sizes: torch.Tensor) -> torch.Tensor:
@@ -229,6 +372,8 @@ def derived_pre_norm(rewards: torch.Tensor, ids: torch.Tensor | None) -> torch.T
     rewards = rewards.to(torch.float64)
     if ids is None:
         ids = torch.zeros(rewards.shape[0], dtype=torch.long, device=rewards.device)
-    group = _per_group(rewards, ids)
-    mean = group["sum"] / group["finite"]
-    return rewards - mean[ids]
+    return _minus_group_means(rewards, _per_group(rewards, ids))
+
+
+def _minus_group_means(rewards: torch.Tensor, group: _PerGroup) -> torch.Tensor:
+    return rewards - group.mean[group.slot]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from advmon.groups import GroupsError, derived_pre_norm, group_counts, group_ids
+from advmon.groups import GroupsError, group_counts, group_ids, group_statistics
 from advmon.stats import EXACT_LIMIT, Part, dense_part, row_valid_counts, value_part
 
 __all__ = [
@@ -221,8 +221,8 @@ def observe_inputs(
     parts.stages["rewards"] = [value_part(seen.rewards)]
     batch = seen.rewards.shape[0]
     seen.group_ids = _attempt(problems, lambda: _group_ids(groups, group_size, batch, seen.rewards))
-    parts.groups = group_counts(seen.rewards, seen.group_ids, reward_range)
-    parts.stages["pre_norm"] = [value_part(derived_pre_norm(seen.rewards, seen.group_ids))]
+    parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, reward_range)
+    parts.stages["pre_norm"] = [value_part(pre_norm)]
     parts.pre_norm_source = "derived"
     return seen
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
 
-__all__ = ["SKETCH_BINS", "HostPart", "Part", "host_level", "recentered_sums"]
+__all__ = ["SKETCH_BINS", "Binning", "HostPart", "Part", "binning", "host_level", "recentered_sums", "scale_factors"]
 
 #: A histogram bin is at most ``(max - min) / SKETCH_BINS`` wide (a power of two).
 SKETCH_BINS = 512
@@ -56,11 +56,50 @@ class HostPart:
 
 
 def host_level(low: float, high: float) -> int:
-    """Host twin of the device's level rule (see ``_histogram_level``)."""
+    """Host twin of the device's level rule (see :func:`binning`)."""
     spread = high - low
     largest_exp = math.frexp(max(abs(low), abs(high)))[1]
     level = math.frexp(spread)[1] - 1 - _SKETCH_LEVEL_SHIFT if spread > 0 else largest_exp - 62
     return max(level, largest_exp - 62)
+
+
+class Binning(NamedTuple):
+    """How a part's values are binned, as device tensors (see :func:`binning`)."""
+
+    level: torch.Tensor  #: int64: bins are ``2**level`` wide
+    offset: torch.Tensor  #: float64: ``floor(low / 2**level)``, the first bin
+    factors: tuple[torch.Tensor, torch.Tensor]  #: float64 powers of two whose product is ``2**-level``
+    center: torch.Tensor  #: float64: ``low / 2 + high / 2``, around which moments are summed
+
+
+def binning(low: torch.Tensor, high: torch.Tensor) -> Binning:
+    """The bin width, first bin and moment center for finite values in ``[low, high]``.
+
+    ``low`` and ``high`` are the finite values' extrema (``inf`` and ``-inf``
+    when there are none). The width ``2**level`` is the largest power of two with
+    ``width <= range / SKETCH_BINS``, found with ``frexp`` so that the host can
+    recompute it bit for bit (:func:`host_level`). It is raised where needed so
+    that ``|value| / width < 2**62`` (exact in int64); an empty range gets level
+    0. Written in few ops: on a GPU each is a kernel launch.
+    """
+    center = torch.add(low / 2, high, alpha=0.5)  # low / 2 + high / 2: no overflow near the float64 limit
+    spread = high - low
+    _, exponents = torch.frexp(torch.stack([spread, torch.maximum(-low, high)]))  # low <= high: the largest |x|
+    floor_level = exponents[1] - 62
+    level = torch.maximum(torch.where(spread > 0, exponents[0] - (1 + _SKETCH_LEVEL_SHIFT), floor_level), floor_level)
+    ok = spread >= 0  # not the empty range (inf - -inf is -inf)
+    level = torch.where(ok, level, 0)
+    factors = scale_factors(level)
+    offset = torch.where(ok, torch.floor(low * factors[0] * factors[1]), 0.0)  # exact: powers of two
+    return Binning(level, offset, factors, center)
+
+
+def scale_factors(level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors whose product is ``2**-level`` (two: one could overflow)."""
+    one = torch.ones((), dtype=torch.float64, device=level.device)
+    minus = torch.neg(level)
+    first = torch.div(minus, 2, rounding_mode="floor")
+    return torch.ldexp(one, first), torch.ldexp(one, minus - first)
 
 
 def recentered_sums(pieces, center: float) -> tuple[float, float]:

@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Iterable, Sequence
@@ -43,6 +44,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from advmon.device_sketch import device_part
+from advmon.devices import path_for, statistics_path, sync_free
 from advmon.prefix_sketch import indicator_chunks, prefix_lengths, prefix_part
 from advmon.sketch_format import (
     _ABSSUM,
@@ -65,6 +68,7 @@ from advmon.sketch_format import (
     SKETCH_BINS,
     HostPart,
     Part,
+    binning,
     host_level,
     recentered_sums,
 )
@@ -79,6 +83,7 @@ __all__ = [
     "dense_part",
     "pack",
     "row_valid_counts",
+    "statistics_path",
     "statistics_threads",
     "summarize",
     "value_part",
@@ -164,9 +169,12 @@ def value_part(values: torch.Tensor, weights: torch.Tensor | None = None) -> Par
         return Part("exact", (copy, w))
     if weights is None:
         return dense_part(flat.unsqueeze(0), None)
-    # Weights are entry counts (rows of an expand view): sketch the expansion.
-    expanded = flat.repeat_interleave(weights.round().to(torch.long).clamp(min=0))
-    return dense_part(expanded.unsqueeze(0), None)
+    # Weights are entry counts (rows of an expand view).
+    counts = weights.round().clamp(min=0)
+    path = path_for(flat.device)
+    if path != "cpu":  # the expansion's size is on the device: sketch with weights instead
+        return _device_sketch(flat.unsqueeze(0), None, counts.unsqueeze(0), path)
+    return dense_part(flat.repeat_interleave(counts.to(torch.long)).unsqueeze(0), None)
 
 
 def dense_part(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
@@ -209,6 +217,8 @@ def row_valid_counts(mask: torch.Tensor) -> torch.Tensor:
         [1.0]
     """
     mask = mask.detach()
+    if sync_free(mask):
+        return torch.gt(mask, 0).sum(dim=1, dtype=torch.float64)  # two ops, whatever the size
     rows, cols = mask.shape
     dtype = torch.float32 if cols < (1 << 24) else torch.float64
     counts = torch.empty(rows, dtype=dtype, device=mask.device)
@@ -244,20 +254,54 @@ def _as_valid_bool(valid: torch.Tensor) -> torch.Tensor:
 
 
 def _sketch(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
-    """Moments and histogram of a large 2-D tensor (see :func:`_sketch_two_passes`).
+    """Moments and histogram of a large 2-D tensor, on the path its device takes (:mod:`advmon.devices`).
 
-    On the CPU a finite tensor whose valid range needs the same bin width as its
-    whole range is sketched in one pass instead (the common case: padding holds
-    zeros or copies of valid values).
+    On the CPU: the prefix-mask fast path where the mask is one; else, for a
+    finite tensor whose valid range needs the same bin width as its whole range,
+    one pass (the common case: padding holds zeros or copies of valid values);
+    else two passes (:func:`_sketch_two_passes`).
     """
-    if values.device.type == "cpu":
-        part = _sketch_prefix(values, valid)
-        if part is not None:
-            return part
-        part = _sketch_one_pass(values, valid)
-        if part is not None:
-            return part
+    path = path_for(values.device)
+    if path != "cpu":
+        return _device_sketch(values, valid, None, path)
+    part = _sketch_prefix(values, valid)
+    if part is not None:
+        return part
+    part = _sketch_one_pass(values, valid)
+    if part is not None:
+        return part
     return _sketch_two_passes(values, valid)
+
+
+def _device_sketch(values: torch.Tensor, valid: torch.Tensor | None, weights: torch.Tensor | None, path: str) -> Part:
+    """The Triton kernels where they apply and work, else the whole-tensor torch ops."""
+    if path == "triton" and weights is None:
+        part = _triton_part(values, valid)
+        if part is not None:
+            return part
+    return device_part(values, valid, weights)
+
+
+_TRITON_FAILURE: list[str] = []  # the first failure, after which the torch path is used
+
+
+def _triton_part(values: torch.Tensor, valid: torch.Tensor | None) -> Part | None:
+    """:func:`advmon.triton_sketch.triton_part`, or ``None`` (with one warning) once it has failed."""
+    if _TRITON_FAILURE:
+        return None
+    try:
+        from advmon.triton_sketch import triton_part  # imports triton: only where it is used
+
+        return triton_part(values, valid)
+    except Exception as exc:  # noqa: BLE001 - a kernel that cannot compile here must not stop the statistics
+        _TRITON_FAILURE.append(f"{type(exc).__name__}: {exc}")
+        warnings.warn(
+            f"advmon: the Triton statistics kernels failed on {values.device} ({_TRITON_FAILURE[0]}); "
+            "using the pure-torch device path from now on (ADVMON_STATISTICS_PATH=torch skips Triton)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
 
 
 def _sketch_prefix(values: torch.Tensor, valid: torch.Tensor | None) -> Part | None:
@@ -288,9 +332,7 @@ def _sketch_one_pass(values: torch.Tensor, valid: torch.Tensor | None) -> Part |
     whole_low, whole_high = (v.to(torch.float64) for v in torch.aminmax(values))
     if not (torch.isfinite(whole_low) and torch.isfinite(whole_high)):
         return None  # NaN or Inf somewhere: the two-pass sketch masks them
-    level, offset = _histogram_level(whole_low, whole_high)
-    center = whole_low / 2 + whole_high / 2
-    factors = _scale_factors(level)
+    level, offset, factors, center = binning(whole_low, whole_high)
     # Excluded entries are zeroed; when 0 lies in the range their bin is in range too.
     zero_in_range = bool(whole_low <= 0 <= whole_high)
     histogram = torch.zeros(_HIST_LEN + 1, dtype=torch.float64)
@@ -326,7 +368,7 @@ def _sketch_one_pass(values: torch.Tensor, valid: torch.Tensor | None) -> Part |
     with_values = table[:, 0] > 0
     low = torch.where(with_values, table[:, 2], math.inf).amin()
     high = torch.where(with_values, table[:, 3], -math.inf).amax()
-    if n_valid == 0 or not torch.equal(_histogram_level(low, high)[0], level):
+    if n_valid == 0 or not torch.equal(binning(low, high).level, level):
         return None
     excluded_bin = torch.clamp(-offset, 0, _HIST_LEN).to(torch.int64)
     histogram[excluded_bin] -= values.numel() - n_valid
@@ -339,27 +381,22 @@ def _sketch_one_pass(values: torch.Tensor, valid: torch.Tensor | None) -> Part |
 
 
 def _sketch_two_passes(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
-    """Moments and histogram of a large 2-D tensor, in two passes over row chunks.
+    """Moments and histogram of a large 2-D CPU tensor, in two passes over row chunks.
 
     Pass 1 counts and finds the range; pass 2 sums deviations from the range's
     midpoint (so a constant tensor has a std of exactly 0) and fills the histogram.
     Masks are applied by multiplying with 0/1 float weights: on CPU that is many
     times faster than ``where``/``masked_fill`` with a bool mask.
     """
-    # Data-dependent shortcuts (skipping the finiteness masks for clean chunks) are
-    # only taken on the CPU, where looking at a value costs no device sync.
-    may_branch = values.device.type == "cpu"
 
     def chunks():
         for x, keep, (spare, other) in _row_chunks(values, valid, 2):
-            yield _Chunk(x, keep, spare, other, may_branch)
+            yield _Chunk(x, keep, spare, other)
 
     first = torch.stack([chunk.counts() for chunk in chunks()])
     counts = first[:, :_MIN].sum(dim=0)
     low, high = first[:, _MIN].amin(), first[:, _MAX].amax()
-    center = low / 2 + high / 2  # halves first: no overflow near the float64 limit
-    level, offset = _histogram_level(low, high)
-    factors = _scale_factors(level)
+    level, offset, factors, center = binning(low, high)
 
     histogram = torch.zeros(_HIST_LEN + 1, dtype=torch.float64, device=values.device)
     centered_sums = []
@@ -381,10 +418,10 @@ class _Chunk:
     """One row chunk, cleaned: ``kept`` is finite everywhere and 0 where excluded."""
 
     def __init__(
-        self, x: torch.Tensor, keep: torch.Tensor | None, spare: torch.Tensor, other: torch.Tensor, may_branch: bool
+        self, x: torch.Tensor, keep: torch.Tensor | None, spare: torch.Tensor, other: torch.Tensor
     ) -> None:
         self.nan = None
-        if may_branch and torch.isfinite(x.sum()):
+        if torch.isfinite(x.sum()):
             usable = keep  # every entry is finite: no finiteness mask needed
         else:
             finite = torch.isfinite(x)
@@ -467,43 +504,9 @@ def _keep_weights(valid: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _scale_factors(level: torch.Tensor) -> list[torch.Tensor]:
-    """Factors whose product is ``2**-level`` (two when one would overflow)."""
-    one = torch.ones((), dtype=torch.float64, device=level.device)
-    first = torch.div(-level, 2, rounding_mode="floor")
-    return [torch.ldexp(one, first), torch.ldexp(one, -level - first)]
-
-
 def _count_bins(histogram: torch.Tensor, bins: torch.Tensor) -> None:
-    """Add the bins (whole numbers in ``[0, len(histogram))``, any dtype) to the histogram."""
-    bins = bins.reshape(-1).to(torch.int64)
-    if histogram.device.type == "cpu":
-        # bincount is ~3x faster than index_add_ on CPU; on CUDA it would sync.
-        histogram += torch.bincount(bins, minlength=histogram.numel())
-    else:
-        histogram.index_add_(0, bins, torch.ones((), dtype=histogram.dtype, device=histogram.device).expand(bins.numel()))
-
-
-def _histogram_level(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bin width exponent and first bin index for finite values in ``[low, high]``.
-
-    The width ``2**level`` is the largest power of two with ``width <= range /
-    SKETCH_BINS``, found with ``frexp`` so that the host can recompute it bit for
-    bit. It is raised where needed so that ``|value| / width < 2**62`` (exact in
-    int64); an empty or non-finite range gets level 0.
-    """
-    spread = high - low
-    _, spread_exp = torch.frexp(spread)
-    _, largest_exp = torch.frexp(torch.maximum(low.abs(), high.abs()))
-    level = torch.where(spread > 0, spread_exp - 1 - _SKETCH_LEVEL_SHIFT, largest_exp - 62)
-    level = torch.maximum(level, largest_exp - 62)
-    ok = torch.isfinite(low) & torch.isfinite(high)
-    level = torch.where(ok, level, 0)
-    scaled = low.clone()
-    for factor in _scale_factors(level):  # exact: powers of two
-        scaled.mul_(factor)
-    offset = torch.where(ok, torch.floor(scaled), 0.0)
-    return level, offset
+    """Add the bins (whole numbers in ``[0, len(histogram))``, any dtype) to a CPU histogram."""
+    histogram += torch.bincount(bins.reshape(-1).to(torch.int64), minlength=histogram.numel())
 
 
 # --------------------------------------------------------------------------- host

@@ -10,7 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from advmon.groups import GROUP_COUNT_FIELDS, GroupsError, derived_pre_norm, group_counts, group_ids
+from advmon.devices import statistics_path
+from advmon.groups import (
+    GROUP_COUNT_FIELDS,
+    GroupsError,
+    derived_pre_norm,
+    group_counts,
+    group_ids,
+    group_statistics,
+)
 
 from .reference import derived_pre_norm as reference_pre_norm
 from .reference import group_stats
@@ -18,17 +26,29 @@ from .reference import group_stats
 rewards_values = st.sampled_from([0.0, 1.0, 0.3, -2.5, math.nan, math.inf, 1e30])
 
 
+#: The CPU's own algorithms, and the sync-free ones every other device runs (here on CPU tensors).
+PATHS = [None, "torch"]
+
+
+@pytest.mark.parametrize("path", PATHS, ids=["cpu", "device"])
 @settings(max_examples=200, deadline=None)
 @given(
     keys=st.lists(st.integers(0, 5), min_size=1, max_size=40),
     data=st.data(),
     as_rows=st.booleans(),
 )
-def test_group_counts_match_python(keys, data, as_rows):
+def test_group_counts_match_python(path, keys, data, as_rows):
     rewards = np.array(data.draw(st.lists(rewards_values, min_size=len(keys), max_size=len(keys))))
     groups = torch.tensor([[k, k * 7] for k in keys]) if as_rows else torch.tensor(keys)
-    ids = group_ids(groups, len(keys))
-    counts = dict(zip(GROUP_COUNT_FIELDS, group_counts(torch.from_numpy(rewards), ids, (0.0, 1.0)).tolist()))
+    with statistics_path(path):
+        ids = group_ids(groups, len(keys))
+        assert sorted(set(ids.tolist())) == list(range(len(set(keys))))  # dense
+        counts = group_counts(torch.from_numpy(rewards), ids, (0.0, 1.0))
+        pre_norm = derived_pre_norm(torch.from_numpy(rewards), ids)
+        both = group_statistics(torch.from_numpy(rewards), ids, (0.0, 1.0))
+    assert torch.equal(both[0], counts) and torch.equal(both[1].isnan(), pre_norm.isnan())
+    assert torch.equal(both[1].nan_to_num(), pre_norm.nan_to_num())
+    counts = dict(zip(GROUP_COUNT_FIELDS, counts.tolist()))
     expected = group_stats(rewards, keys, (0.0, 1.0))
     assert counts["groups"] == expected["groups/count"]
     assert counts["singletons"] == expected["groups/singleton_count"]
@@ -39,9 +59,15 @@ def test_group_counts_match_python(keys, data, as_rows):
         assert counts["zero_std"] / counts["with_two_finite"] == pytest.approx(expected["groups/zero_std_fraction"])
         assert counts["all_low"] / counts["with_two_finite"] == pytest.approx(expected["groups/all_low_fraction"])
         assert counts["all_high"] / counts["with_two_finite"] == pytest.approx(expected["groups/all_high_fraction"])
-    np.testing.assert_allclose(
-        derived_pre_norm(torch.from_numpy(rewards), ids).numpy(), reference_pre_norm(rewards, keys), rtol=1e-12, atol=1e-15
-    )
+    # Within the rounding of a sum of the group's rewards (NumPy's own mean of [1e30] * 3 is off by 1.4e14).
+    magnitude = np.where(np.isfinite(rewards), np.abs(rewards), 0.0)
+    scale = np.array([magnitude[np.array(keys) == k].max() for k in keys])
+    expected = reference_pre_norm(rewards, keys)
+    got = pre_norm.numpy()
+    assert np.array_equal(np.isnan(got), np.isnan(expected)) and np.array_equal(np.isinf(got), np.isinf(expected))
+    assert np.array_equal(got[np.isinf(got)], expected[np.isinf(expected)])
+    finite = np.isfinite(expected)
+    assert np.all(np.abs(got[finite] - expected[finite]) <= 1e-14 * scale[finite] + 1e-15)
 
 
 def test_ids_are_dense_and_shared_by_equal_keys():
@@ -75,3 +101,39 @@ def test_counts_without_rewards_or_groups():
     assert counts[:2] == [2.0, 0.0] and all(math.isnan(c) for c in counts[2:-1])
     assert counts[-1] == 4.0  # max_size needs no rewards
     assert group_counts(torch.ones(3), None, None).tolist() == [0.0] * len(GROUP_COUNT_FIELDS)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=["cpu", "device"])
+def test_group_means_stay_exact_in_a_large_batch(path):
+    """The device path's means are differences of one running sum: its rounding must stay out of them."""
+    rng = np.random.default_rng(11)
+    keys = rng.permutation(np.repeat(np.arange(8192), 8))  # 65536 samples, groups scattered
+    rewards = rng.standard_normal(keys.size) * 3 + 100.0
+    rewards[keys < 50] = 0.1  # zero-std groups
+    with statistics_path(path):
+        pre_norm = derived_pre_norm(torch.from_numpy(rewards), group_ids(torch.from_numpy(keys), keys.size)).numpy()
+    expected = reference_pre_norm(rewards, keys.tolist())
+    np.testing.assert_allclose(pre_norm, expected, rtol=0, atol=1e-12)
+    assert np.abs(pre_norm[keys < 50]).max() <= 1e-15
+
+
+@pytest.mark.parametrize("path", PATHS, ids=["cpu", "device"])
+def test_prompt_rows_group_wherever_they_are(path):
+    rng = np.random.default_rng(12)
+    prompts = rng.integers(0, 50, (40, 6))
+    rows = torch.from_numpy(prompts[rng.integers(0, 40, 300)])  # repeats, not contiguous
+    with statistics_path(path):
+        ids = group_ids(rows, 300).numpy()
+        floats = group_ids(rows.to(torch.float32) * -1.0 + 0.0, 300).numpy()
+    keys = [tuple(r) for r in rows.tolist()]
+    for i in range(300):
+        same = np.array([keys[j] == keys[i] for j in range(300)])
+        assert np.array_equal(ids == ids[i], same)
+        assert np.array_equal(floats == floats[i], same)
+
+
+def test_signed_zeros_are_one_group_on_the_device_path():
+    rows = torch.tensor([[0.0, 1.0], [-0.0, 1.0], [0.0, 2.0]])
+    with statistics_path("torch"):
+        ids = group_ids(rows, 3).tolist()
+    assert ids[0] == ids[1] != ids[2]

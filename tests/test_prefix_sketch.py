@@ -15,45 +15,9 @@ from advmon.prefix_sketch import prefix_lengths, prefix_part
 from advmon.stats import dense_part, summarize
 
 from .reference import assert_stats_close, value_stats
+from .sketches import assert_same_sketch, general_part, prefix_mask
 
 FINITE_ADVERSARIAL = [0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 1e30, -1e30, 3.4e38, -3.4e38, 1e-45, -1e-45, 0.3]
-
-
-def prefix_mask(lengths, cols: int, kind: str = "float") -> torch.Tensor:
-    mask = torch.arange(cols) < torch.as_tensor(lengths).unsqueeze(-1)
-    if kind == "bool":
-        return mask
-    if kind == "int":
-        return mask.long()
-    if kind == "weights":  # validity is ``> 0``: any positive weight inside, anything <= 0 outside
-        return torch.where(mask, torch.full(mask.shape, 0.25), torch.full(mask.shape, -2.0))
-    return mask.float()
-
-
-def general_part(values: torch.Tensor, mask: torch.Tensor) -> stats.Part:
-    """What the general two-pass sketch makes of the same input."""
-    return stats._sketch_two_passes(values, mask)
-
-
-def assert_same_sketch(fast: stats.Part, general: stats.Part) -> None:
-    """Same counts, extrema, level, offset and histogram; moments to float64 rounding.
-
-    Rounding is relative to the data's scale (the largest magnitude): float64 sums in
-    another order differ there, e.g. ``1 + 1e30 - 1e30``.
-    """
-    f_scalars, f_hist = (t.numpy() for t in fast.tensors)
-    g_scalars, g_hist = (t.numpy() for t in general.tensors)
-    np.testing.assert_array_equal(f_hist, g_hist)
-    for index in (stats._N_VALID, stats._N_NAN, stats._N_INF, stats._N_FINITE, stats._MIN, stats._MAX,
-                  stats._LEVEL, stats._OFFSET):
-        assert f_scalars[index] == g_scalars[index], index
-    f_summary, g_summary = summarize([fast]), summarize([general])
-    for key, value in g_summary.items():
-        if key.startswith("p") or key in ("min", "max", "count", "nan_count", "inf_count"):
-            assert f_summary[key] == value, key
-        else:
-            scale = max(abs(g_summary["min"]), abs(g_summary["max"]), abs(value))
-            assert abs(f_summary[key] - value) <= 1e-12 * scale, key
 
 
 @st.composite

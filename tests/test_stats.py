@@ -187,7 +187,7 @@ def test_host_and_device_agree_on_the_histogram_level(low, width):
     high = low + width
     if not math.isfinite(high):
         return
-    level, _ = stats._histogram_level(torch.tensor(low, dtype=torch.float64), torch.tensor(high, dtype=torch.float64))
+    level = stats.binning(torch.tensor(low, dtype=torch.float64), torch.tensor(high, dtype=torch.float64)).level
     assert int(level) == host_level(low, high)
     if high > low:
         bin_width = math.ldexp(1.0, host_level(low, high))

@@ -1,0 +1,100 @@
+"""Which statistics path a tensor takes, and host data moved to a device without a sync.
+
+Three paths compute the same :class:`~advmon.sketch_format.Part`:
+
+* ``"cpu"``: CPU tensors. Cache-sized row chunks, a prefix-mask fast path, and
+  shortcuts that look at values (free on the host).
+* ``"torch"``: any other device. A fixed number of whole-tensor torch ops per
+  call whatever the size (chunks only bound memory), nothing read back to the
+  host, exact integer counts (:mod:`advmon.device_sketch`).
+* ``"triton"``: CUDA and ROCm devices where ``triton`` imports. A handful of
+  kernels (:mod:`advmon.triton_sketch`).
+
+``ADVMON_STATISTICS_PATH=torch`` (or ``triton``) in the environment, or
+:func:`statistics_path` in code, chooses a device path for every tensor; the
+benchmarks and tests use it to run the device paths on CPU tensors.
+
+Example:
+    >>> path_for(torch.device("cpu"))
+    'cpu'
+    >>> with statistics_path("torch"):
+    ...     path_for(torch.device("cpu"))
+    'torch'
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Literal
+
+import torch
+
+__all__ = ["PATHS", "path_for", "statistics_path", "sync_free", "to_device", "triton_usable"]
+
+Path = Literal["cpu", "torch", "triton"]
+PATHS: tuple[str, ...] = ("cpu", "torch", "triton")
+#: The environment variable that chooses a device path for every tensor.
+PATH_VARIABLE = "ADVMON_STATISTICS_PATH"
+
+_FORCED: ContextVar[str | None] = ContextVar("advmon_statistics_path", default=None)
+
+
+@contextmanager
+def statistics_path(path: Path | None) -> Iterator[None]:
+    """Run the statistics of this context on ``path`` (``None``: choose by device).
+
+    ``"torch"`` and ``"triton"`` apply to CPU tensors too (Triton then needs
+    ``TRITON_INTERPRET=1``, set before ``triton`` is imported).
+
+    Raises:
+        ValueError: for a path that is not one of :data:`PATHS`.
+    """
+    if path is not None and path not in PATHS:
+        raise ValueError(f"statistics path must be one of {PATHS} or None, got {path!r}")
+    token = _FORCED.set(path)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+def path_for(device: torch.device) -> Path:
+    """The path the statistics of a tensor on ``device`` take (see the module docstring)."""
+    forced = _FORCED.get() or os.environ.get(PATH_VARIABLE) or None
+    if forced in PATHS and not (forced == "triton" and not triton_usable()):
+        return forced  # type: ignore[return-value]
+    if device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda" and triton_usable():  # ROCm builds of torch call their devices "cuda" too
+        return "triton"
+    return "torch"
+
+
+def sync_free(tensor: torch.Tensor) -> bool:
+    """Whether work on ``tensor`` must avoid reading values back to the host (any path but the CPU's)."""
+    return path_for(tensor.device) != "cpu"
+
+
+@functools.cache
+def triton_usable() -> bool:
+    """Whether ``triton`` can be imported (checked once)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``; host data goes to CUDA through pinned memory, without a sync.
+
+    A plain ``.to("cuda")`` of pageable host memory waits for the copy (a
+    synchronizing call); a pinned buffer copies asynchronously and torch keeps it
+    alive until the copy is done.
+    """
+    if tensor.device == device:
+        return tensor
+    if tensor.device.type == "cpu" and device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)

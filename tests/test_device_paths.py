@@ -1,0 +1,217 @@
+"""The device statistics paths (pure torch; Triton in test_triton_sketch.py) on CPU tensors.
+
+What a GPU user gets is checked here on any machine: every statistic against
+NumPy, every bin against the CPU's general sketch, a number of dispatched ops
+that does not grow with the data, and nothing that would make the host wait
+for the device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import advmon
+from advmon import device_sketch, stats
+from advmon.device_sketch import device_part
+from advmon.devices import path_for, statistics_path
+from advmon.observation import tensor_part
+from advmon.stats import summarize, value_part
+
+from .dispatch import Dispatched
+from .reference import assert_stats_close, value_stats
+from .sketches import assert_same_sketch, general_part, prefix_mask
+
+ADVERSARIAL = [0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 1e30, -1e30, 3.4e38, -3.4e38, 1e-45, 0.3, math.nan, math.inf,
+               -math.inf]
+
+
+def _cases():
+    """(values, mask) pairs for every case a device must get right, each > EXACT_LIMIT entries."""
+    rng = np.random.default_rng(17)
+    shape = (300, 257)
+    normal = torch.from_numpy(rng.standard_normal(shape))
+    lengths = rng.integers(0, shape[1] + 1, shape[0])
+    spoiled = normal.clone()
+    spoiled[rng.random(shape) < 0.01] = math.nan
+    spoiled[rng.random(shape) < 0.01] = math.inf
+    spoiled[rng.random(shape) < 0.01] = -math.inf
+    yield "float32-prefix", normal.float(), prefix_mask(lengths, shape[1])
+    yield "bfloat16-prefix", normal.bfloat16(), prefix_mask(lengths, shape[1])
+    yield "float64-prefix", normal * 1e3 + 7.0, prefix_mask(lengths, shape[1])
+    yield "random-mask", normal.float(), torch.from_numpy((rng.random(shape) < 0.6).astype(np.float32))
+    yield "bool-mask", normal.float(), torch.from_numpy(rng.random(shape) < 0.3)
+    yield "nonfinite-in-and-out", spoiled.float(), torch.from_numpy((rng.random(shape) < 0.5).astype(np.float32))
+    yield "lognormal-tail", torch.from_numpy(rng.lognormal(0.0, 3.0, shape)).float(), prefix_mask(lengths, shape[1])
+    yield "no-mask", normal.float(), None
+    yield "int-mask-weights", normal.float(), prefix_mask(lengths, shape[1], "weights")
+
+
+CASES = list(_cases())
+
+
+@pytest.mark.parametrize(("name", "values", "mask"), CASES, ids=[c[0] for c in CASES])
+def test_the_torch_path_matches_numpy_and_the_cpu_sketch_bin_for_bin(name, values, mask):
+    with statistics_path("torch"):
+        part = tensor_part(values, mask)
+    assert part.kind == "sketch"
+    expected = value_stats(values.to(torch.float64).numpy(), None if mask is None else mask.to(torch.float64).numpy())
+    assert_stats_close(summarize([part]), expected, exact_percentiles=False)
+    spread = expected["max"] - expected["min"]
+    got = summarize([part])
+    for key, _ in stats.PERCENTILES:  # the sketch's promise: one bin, 1/SKETCH_BINS of the range
+        assert abs(got[key] - expected[key]) <= spread / stats.SKETCH_BINS + 1e-9, key
+    reference_mask = mask if mask is not None else torch.ones(values.shape)
+    assert_same_sketch(part, general_part(values.float() if values.dtype == torch.bfloat16 else values,
+                                          reference_mask))
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_expand_views_and_per_sequence_values_on_the_torch_path(masked):
+    rng = np.random.default_rng(18)
+    per_row = torch.from_numpy(rng.standard_normal(4096)).float()
+    per_row[7] = math.nan
+    mask = prefix_mask(rng.integers(0, 65, 4096), 64) if masked else None
+    view = per_row.unsqueeze(-1).expand(4096, 64)
+    with statistics_path("torch"):
+        expand = summarize([tensor_part(view, mask)])
+        sequence = summarize([tensor_part(per_row, None)])
+    expected = value_stats(view.numpy(), None if mask is None else mask.numpy())
+    assert_stats_close(expand, expected)  # exact: B weighted values
+    assert_stats_close(sequence, value_stats(per_row.numpy()))
+
+
+def test_large_weighted_sets_are_sketched_with_weights_on_the_device():
+    """An expand view of more rows than EXACT_LIMIT: no repeat_interleave (its size lives on the device)."""
+    rng = np.random.default_rng(19)
+    values = torch.from_numpy(rng.standard_normal(stats.EXACT_LIMIT + 10))
+    values[3] = math.inf
+    weights = torch.from_numpy(rng.integers(0, 3, values.numel()).astype(float))
+    with statistics_path("torch"), Dispatched() as seen:
+        part = value_part(values, weights)
+    assert part.kind == "sketch" and not seen.syncs
+    expected = value_stats(np.repeat(values.numpy(), weights.numpy().astype(int)))
+    assert_stats_close(summarize([part]), expected, exact_percentiles=False)
+    assert_same_sketch(part, general_part(values.repeat_interleave(weights.long()).unsqueeze(0), None))
+
+
+float_arrays = hnp.arrays(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=30),
+    elements=st.one_of(st.floats(width=32, allow_nan=True, allow_infinity=True), st.sampled_from(ADVERSARIAL)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(x=float_arrays, data=st.data())
+def test_device_parts_of_any_data_agree_with_numpy_and_the_cpu_sketch(x, data):
+    valid = data.draw(hnp.arrays(np.bool_, x.shape))
+    values, mask = torch.from_numpy(x), torch.from_numpy(valid)
+    for chosen in (mask, None):
+        part = device_part(values, chosen)
+        assert_stats_close(summarize([part]), value_stats(x, None if chosen is None else valid), exact_percentiles=False)
+        assert_same_sketch(part, general_part(values, chosen if chosen is not None else torch.ones(x.shape)))
+
+
+def test_chunks_merge_into_one_part(monkeypatch):
+    """Beyond CHUNK_ELEMENTS values the passes go chunk by chunk; the part is the same."""
+    rng = np.random.default_rng(20)
+    values = torch.from_numpy(rng.standard_normal((90, 70))).float()
+    values[4, 4] = math.nan
+    mask = torch.from_numpy(rng.random((90, 70)) < 0.7)
+    whole = device_part(values, mask)
+    monkeypatch.setattr(device_sketch, "CHUNK_ELEMENTS", 700)  # 10 rows per chunk
+    chunked = device_part(values, mask)
+    assert_same_sketch(chunked, whole)
+
+
+def test_deterministic_mode_counts_bins_by_sorting():
+    """torch.histc has no deterministic CUDA kernel: under use_deterministic_algorithms the bins are sorted."""
+    rng = np.random.default_rng(21)
+    values = torch.from_numpy(rng.standard_normal((200, 400))).float()
+    mask = torch.from_numpy(rng.random((200, 400)) < 0.5)
+    usual = device_part(values, mask)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with Dispatched() as seen:
+            sorted_bins = device_part(values, mask)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert "histc" not in seen.ops and "sort" in seen.ops
+    assert torch.equal(usual.tensors[1], sorted_bins.tensors[1])
+
+
+# --------------------------------------------------------------------------- ops and syncs
+
+
+def _dense_case(rows: int, cols: int):
+    g = torch.Generator().manual_seed(rows)
+    values = torch.randn(rows, cols, generator=g)
+    values[0, 1] = math.nan
+    mask = prefix_mask(torch.randint(0, cols + 1, (rows,), generator=g), cols)
+    return values, mask
+
+
+def test_the_torch_path_dispatches_the_same_ops_at_any_size():
+    seen = []
+    for rows, cols in ((128, 1024), (512, 4096)):  # 16x apart, both > EXACT_LIMIT
+        values, mask = _dense_case(rows, cols)
+        with statistics_path("torch"), Dispatched() as dispatched:
+            tensor_part(values, mask)
+        assert not dispatched.syncs, dispatched.syncs
+        seen.append(dispatched)
+    assert seen[0].ops == seen[1].ops
+    assert len(seen[0].kernels) <= 60, seen[0].kernels  # the issue's bound for the pure-torch path
+
+
+def grpo_inputs(groups: int, size: int, tokens: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, 1000, (groups, 9), generator=g).repeat_interleave(size, dim=0)
+    rewards = torch.randint(0, 2, (groups * size,), generator=g).float()
+    rewards[:size] = 1.0
+    rewards[size + 1] = math.nan
+    mask = prefix_mask(torch.randint(1, tokens + 1, (groups * size,), generator=g), tokens)
+    return prompts, rewards, mask
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["expand-view", "dense"])
+def test_a_whole_observed_call_dispatches_the_same_ops_at_any_size_and_never_syncs(dense, sink):
+    """Groups from prompt rows, the derived pre_norm, post_norm: the same op list for 16x the batch."""
+    counts = []
+    with advmon.Monitor("device-ops", sinks=[sink]) as monitor:
+        with statistics_path("torch"):
+            prompts, rewards, _ = grpo_inputs(2, 8, 16)
+            monitor.observe(rewards=rewards, groups=prompts)  # makes the row hash's column weights
+        for groups, tokens in ((16, 1024), (64, 4096)):  # 16x apart
+            prompts, rewards, mask = grpo_inputs(groups, 8, tokens)
+            advantages = rewards.unsqueeze(-1).expand(mask.shape)
+            if dense:
+                advantages = advantages + 0.01 * torch.randn(mask.shape)
+            with statistics_path("torch"), Dispatched() as seen:
+                with monitor.step(len(counts)):
+                    monitor.observe(rewards=rewards, advantages=advantages, mask=mask, groups=prompts)
+            assert not seen.syncs, seen.syncs
+            counts.append(seen.ops)
+            expected = value_stats(advantages.numpy(), mask.numpy())
+            assert_stats_close(sink.records[-1].metrics, expected, "advantages/post_norm/", exact_percentiles=not dense)
+        assert counts[0] == counts[1]
+        assert monitor.internal_errors == 0
+
+
+def test_the_path_follows_the_device_and_can_be_chosen(monkeypatch):
+    assert path_for(torch.device("cpu")) == "cpu"
+    assert path_for(torch.device("meta")) == "torch"
+    with statistics_path("torch"):
+        assert path_for(torch.device("cpu")) == "torch"
+    monkeypatch.setenv("ADVMON_STATISTICS_PATH", "torch")
+    assert path_for(torch.device("cpu")) == "torch"
+    with pytest.raises(ValueError, match="statistics path"):
+        with statistics_path("gpu"):  # type: ignore[arg-type]
+            pass
