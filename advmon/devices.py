@@ -27,14 +27,17 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 
-__all__ = ["PATHS", "path_for", "statistics_path", "sync_free", "to_device", "triton_usable"]
+__all__ = ["PATHS", "attempt_triton", "path_for", "statistics_path", "sync_free", "to_device", "triton_usable"]
+
+T = TypeVar("T")
 
 Path = Literal["cpu", "torch", "triton"]
 PATHS: tuple[str, ...] = ("cpu", "torch", "triton")
@@ -84,6 +87,32 @@ def sync_free(tensor: torch.Tensor) -> bool:
 def triton_usable() -> bool:
     """Whether ``triton`` can be imported (checked once)."""
     return importlib.util.find_spec("triton") is not None
+
+
+#: The first failure of a Triton kernel in this process; from then on the torch path is used.
+_TRITON_FAILURE: list[str] = []
+
+
+def attempt_triton(compute: Callable[[], T], device: torch.device) -> T | None:
+    """``compute()`` (Triton kernels), or ``None`` for the torch path once one has failed.
+
+    A kernel that cannot compile or launch on this device must not stop the
+    statistics: the first failure warns once, with its cause, and every later
+    call goes straight to the pure-torch path.
+    """
+    if _TRITON_FAILURE:
+        return None
+    try:
+        return compute()
+    except Exception as exc:  # noqa: BLE001 - any Triton failure falls back; the warning names it
+        _TRITON_FAILURE.append(f"{type(exc).__name__}: {exc}")
+        warnings.warn(
+            f"advmon: the Triton statistics kernels failed on {device} ({_TRITON_FAILURE[0]}); using the "
+            f"pure-torch device path from now on ({PATH_VARIABLE}=torch skips Triton)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

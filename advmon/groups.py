@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from advmon.devices import sync_free, to_device
+from advmon.devices import attempt_triton, path_for, sync_free, to_device
 
 __all__ = [
     "GROUP_COUNT_FIELDS",
@@ -292,7 +292,7 @@ def group_counts(
         counts[1] = torch.count_nonzero(size == 1)
         counts[-1] = _largest(size)
         return counts
-    return _counts(_per_group(rewards.to(torch.float64), ids), reward_range)
+    return group_statistics(rewards, ids, reward_range)[0]
 
 
 def group_statistics(
@@ -308,8 +308,18 @@ def group_statistics(
     rewards = rewards.to(torch.float64)
     if ids is None:
         return group_counts(rewards, None, reward_range), derived_pre_norm(rewards, None)
+    if path_for(rewards.device) == "triton":
+        found = attempt_triton(lambda: _triton_group_statistics(rewards, ids, reward_range), rewards.device)
+        if found is not None:
+            return found
     group = _per_group(rewards, ids)
     return _counts(group, reward_range), _minus_group_means(rewards, group)
+
+
+def _triton_group_statistics(rewards, ids, reward_range):
+    from advmon.triton_groups import triton_group_statistics  # imports triton: only where it is used
+
+    return triton_group_statistics(rewards, ids, reward_range)
 
 
 def _counts(group: _PerGroup, reward_range: tuple[float, float] | None) -> torch.Tensor:
@@ -369,10 +379,9 @@ def derived_pre_norm(rewards: torch.Tensor, ids: torch.Tensor | None) -> torch.T
         >>> derived_pre_norm(torch.tensor([1.0, 3.0, 10.0]), torch.tensor([0, 0, 1])).tolist()
         [-1.0, 1.0, 0.0]
     """
-    rewards = rewards.to(torch.float64)
     if ids is None:
         ids = torch.zeros(rewards.shape[0], dtype=torch.long, device=rewards.device)
-    return _minus_group_means(rewards, _per_group(rewards, ids))
+    return group_statistics(rewards, ids, None)[1]
 
 
 def _minus_group_means(rewards: torch.Tensor, group: _PerGroup) -> torch.Tensor:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from advmon.devices import to_device
 from advmon.groups import GroupsError, group_counts, group_ids, group_statistics
 from advmon.stats import EXACT_LIMIT, Part, dense_part, row_valid_counts, value_part
 
@@ -153,8 +154,8 @@ def tensor_part(values: torch.Tensor, mask: torch.Tensor | None) -> Part:
             f"mask of shape {list(mask.shape)} does not match advantages of shape "
             f"{list(values.shape)}; post-normalization statistics skipped",
         )
-    if mask is not None and mask.device != values.device:
-        mask = mask.to(values.device)
+    if mask is not None:
+        mask = to_device(mask, values.device)
     rows = values.shape[0]
     if values.dim() == 2 and values.stride(1) == 0 and rows <= EXACT_LIMIT:
         per_row = values[:, 0]

@@ -36,7 +36,6 @@ Example:
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Iterable, Sequence
@@ -45,7 +44,7 @@ import numpy as np
 import torch
 
 from advmon.device_sketch import device_part
-from advmon.devices import path_for, statistics_path, sync_free
+from advmon.devices import attempt_triton, path_for, statistics_path, sync_free
 from advmon.prefix_sketch import indicator_chunks, prefix_lengths, prefix_part
 from advmon.sketch_format import (
     _ABSSUM,
@@ -276,32 +275,16 @@ def _sketch(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
 def _device_sketch(values: torch.Tensor, valid: torch.Tensor | None, weights: torch.Tensor | None, path: str) -> Part:
     """The Triton kernels where they apply and work, else the whole-tensor torch ops."""
     if path == "triton" and weights is None:
-        part = _triton_part(values, valid)
+        part = attempt_triton(lambda: _triton_sketch(values, valid), values.device)
         if part is not None:
             return part
     return device_part(values, valid, weights)
 
 
-_TRITON_FAILURE: list[str] = []  # the first failure, after which the torch path is used
+def _triton_sketch(values: torch.Tensor, valid: torch.Tensor | None) -> Part | None:
+    from advmon.triton_sketch import triton_part  # imports triton: only where it is used
 
-
-def _triton_part(values: torch.Tensor, valid: torch.Tensor | None) -> Part | None:
-    """:func:`advmon.triton_sketch.triton_part`, or ``None`` (with one warning) once it has failed."""
-    if _TRITON_FAILURE:
-        return None
-    try:
-        from advmon.triton_sketch import triton_part  # imports triton: only where it is used
-
-        return triton_part(values, valid)
-    except Exception as exc:  # noqa: BLE001 - a kernel that cannot compile here must not stop the statistics
-        _TRITON_FAILURE.append(f"{type(exc).__name__}: {exc}")
-        warnings.warn(
-            f"advmon: the Triton statistics kernels failed on {values.device} ({_TRITON_FAILURE[0]}); "
-            "using the pure-torch device path from now on (ADVMON_STATISTICS_PATH=torch skips Triton)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return None
+    return triton_part(values, valid)
 
 
 def _sketch_prefix(values: torch.Tensor, valid: torch.Tensor | None) -> Part | None:

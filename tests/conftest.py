@@ -1,6 +1,14 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+# Without a GPU, Triton runs its kernels on CPU tensors with NumPy; it reads this when a
+# kernel is defined, so it is set before any test imports advmon's Triton modules.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import advmon
 from advmon.record import Record

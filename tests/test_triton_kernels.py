@@ -1,0 +1,258 @@
+"""The Triton kernels against NumPy and the CPU sketch: on CUDA where there is one, else in Triton's interpreter.
+
+Without a GPU, conftest sets ``TRITON_INTERPRET=1`` and the kernels run on CPU
+tensors with NumPy, so ``make test`` checks every kernel on any machine. That
+they also compile for real GPUs (NVIDIA sm_90, AMD gfx942) is checked by
+compiling them here, in a process without the interpreter.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import advmon
+from advmon import devices, stats
+from advmon.devices import statistics_path
+from advmon.groups import GROUP_COUNT_FIELDS, group_ids, group_statistics
+from advmon.observation import tensor_part
+from advmon.sketch_format import _LEVEL, _OFFSET, host_level
+from advmon.stats import summarize
+
+from .dispatch import NOT_KERNELS, Dispatched
+from .reference import assert_stats_close, derived_pre_norm, group_stats, value_stats
+from .services import require_module
+from .sketches import assert_same_sketch, general_part, prefix_mask
+from .test_device_paths import ADVERSARIAL, CASES, grpo_inputs
+
+require_module("triton")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1 (conftest sets it)", allow_module_level=True)
+
+from advmon.triton_groups import MAX_BATCH, triton_group_statistics  # noqa: E402 - after the interpreter is chosen
+from advmon.triton_sketch import BLOCK, triton_part  # noqa: E402
+
+
+def on_device(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.to(DEVICE)
+
+
+@pytest.mark.parametrize(("name", "values", "mask"), CASES, ids=[c[0] for c in CASES])
+def test_the_sketch_kernels_match_numpy_and_the_cpu_sketch_bin_for_bin(name, values, mask):
+    part = triton_part(on_device(values), on_device(mask))
+    part = stats.Part(part.kind, tuple(t.cpu() for t in part.tensors))
+    expected = value_stats(values.to(torch.float64).numpy(), None if mask is None else mask.to(torch.float64).numpy())
+    got = summarize([part])
+    assert_stats_close(got, expected, exact_percentiles=False)
+    for key, _ in stats.PERCENTILES:
+        assert abs(got[key] - expected[key]) <= (expected["max"] - expected["min"]) / stats.SKETCH_BINS + 1e-9, key
+    reference_values = values.float() if values.dtype == torch.bfloat16 else values
+    assert_same_sketch(part, general_part(reference_values, mask if mask is not None else torch.ones(values.shape)))
+
+
+float_arrays = hnp.arrays(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=24),
+    elements=st.one_of(st.floats(width=32, allow_nan=True, allow_infinity=True), st.sampled_from(ADVERSARIAL)),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(x=float_arrays, data=st.data())
+def test_the_sketch_kernels_on_any_data(x, data):
+    valid = data.draw(hnp.arrays(np.bool_, x.shape))
+    part = triton_part(on_device(torch.from_numpy(x)), on_device(torch.from_numpy(valid)))
+    part = stats.Part(part.kind, tuple(t.cpu() for t in part.tensors))
+    assert_stats_close(summarize([part]), value_stats(x, valid), exact_percentiles=False)
+    assert_same_sketch(part, general_part(torch.from_numpy(x), torch.from_numpy(valid)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(low=st.floats(-1e300, 1e300) | st.sampled_from([0.0, -1e-320, 5e-324, -3.4e38]), width=st.floats(0, 1e300))
+def test_the_kernel_finds_the_level_the_host_finds(low, width):
+    """frexp done on float64 bits in the kernel, against math.frexp on the host."""
+    high = low + width
+    if not math.isfinite(high):
+        return
+    scalars = triton_part(on_device(torch.tensor([[low, high]], dtype=torch.float64))).tensors[0].cpu()
+    assert int(scalars[_LEVEL]) == host_level(low, high)
+    assert scalars[_OFFSET] == math.floor(math.ldexp(low, -host_level(low, high)))
+
+
+def test_views_read_where_they_lie():
+    """A transposed slice of a larger tensor and a zero-stride expand view: strides, not copies."""
+    rng = np.random.default_rng(30)
+    big = torch.from_numpy(rng.standard_normal((400, 600))).float()
+    mask = torch.from_numpy(rng.random((400, 600)) < 0.5)
+    view, view_mask = big[10:310, 5:305].t(), mask[10:310, 5:305].t()
+    expand = big[:, :1].expand(400, 300)
+    for values, valid in ((view, view_mask), (expand, None), (view, None)):
+        assert not values.is_contiguous()
+        part = triton_part(on_device(values), on_device(valid))
+        part = stats.Part(part.kind, tuple(t.cpu() for t in part.tensors))
+        assert_same_sketch(part, general_part(values.contiguous(), valid if valid is not None else torch.ones(values.shape)))
+
+
+def test_a_multi_block_tensor_reduces_every_block():
+    """More programs than the one-program kernels reduce at once (1024 per step)."""
+    values = torch.randn(1, BLOCK * 1030 + 5)
+    values[0, -1] = 1e6  # the last block's value must reach the range
+    part = triton_part(on_device(values))
+    scalars = part.tensors[0].cpu()
+    assert scalars[stats._MAX] == 1e6 and scalars[stats._N_VALID] == values.numel()
+    assert_stats_close(summarize([stats.Part("sketch", (scalars, part.tensors[1].cpu()))]),
+                       value_stats(values.numpy()), exact_percentiles=False)
+
+
+# --------------------------------------------------------------------------- groups
+
+
+rewards_values = st.sampled_from([0.0, 1.0, 0.3, -2.5, math.nan, math.inf, -math.inf, 1e30])
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(st.integers(0, 6), min_size=1, max_size=150), data=st.data(), ranged=st.booleans())
+def test_the_group_kernels_match_python(keys, data, ranged):
+    rewards = np.array(data.draw(st.lists(rewards_values, min_size=len(keys), max_size=len(keys))))
+    reward_range = (0.0, 1.0) if ranged else None
+    ids = group_ids(torch.tensor(keys), len(keys))
+    counts, pre_norm = triton_group_statistics(on_device(torch.from_numpy(rewards)), on_device(ids), reward_range)
+    counts = dict(zip(GROUP_COUNT_FIELDS, counts.cpu().tolist()))
+    expected = group_stats(rewards, keys, reward_range)
+    assert counts["groups"] == expected["groups/count"]
+    assert counts["singletons"] == expected["groups/singleton_count"]
+    assert counts["zero_std"] == expected["groups/zero_std_count"]
+    assert counts["nonfinite"] == expected["groups/nonfinite_count"]
+    assert counts["max_size"] == expected["groups/max_size"]
+    if ranged and counts["with_two_finite"]:
+        assert counts["all_low"] / counts["with_two_finite"] == pytest.approx(expected["groups/all_low_fraction"])
+        assert counts["all_high"] / counts["with_two_finite"] == pytest.approx(expected["groups/all_high_fraction"])
+    elif not ranged:
+        assert math.isnan(counts["all_low"]) and math.isnan(counts["all_high"])
+    reference = derived_pre_norm(rewards, keys)
+    got = pre_norm.cpu().numpy()
+    assert np.array_equal(np.isnan(got), np.isnan(reference))
+    finite = np.isfinite(reference)
+    scale = np.array([np.abs(np.where(np.isfinite(rewards), rewards, 0.0)[np.array(keys) == k]).max() for k in keys])
+    assert np.all(np.abs(got[finite] - reference[finite]) <= 1e-14 * scale[finite] + 1e-15)
+
+
+def test_zero_std_groups_get_exact_zeros_and_large_batches_go_to_torch():
+    rewards = torch.full((24,), 0.1, dtype=torch.float64)
+    _, pre_norm = triton_group_statistics(on_device(rewards), on_device(torch.arange(24) // 3), None)
+    assert torch.equal(pre_norm.cpu(), torch.zeros(24, dtype=torch.float64))  # 0.1 * 3 / 3 would not be
+    assert triton_group_statistics(torch.zeros(MAX_BATCH + 1), torch.zeros(MAX_BATCH + 1, dtype=torch.long), None) is None
+
+
+# --------------------------------------------------------------------------- through advmon
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["expand-view", "dense"])
+def test_a_whole_call_on_the_triton_path(dense, sink):
+    prompts, rewards, mask = grpo_inputs(40, 8, 300)
+    advantages = rewards.unsqueeze(-1).expand(mask.shape)
+    if dense:
+        advantages = advantages + 0.01 * torch.randn(mask.shape)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="advmon")  # a failed kernel would fall back with a warning
+        with advmon.Monitor("triton", sinks=[sink]) as monitor, statistics_path("triton"):
+            monitor.observe(rewards=on_device(rewards), advantages=on_device(advantages), mask=on_device(mask),
+                            groups=on_device(prompts))
+    metrics = sink.records[-1].metrics
+    keys = [tuple(row) for row in prompts.tolist()]
+    assert_stats_close(metrics, value_stats(advantages.numpy(), mask.numpy()), "advantages/post_norm/",
+                       exact_percentiles=not dense)
+    assert_stats_close(metrics, value_stats(derived_pre_norm(rewards.numpy(), keys)), "advantages/pre_norm/")
+    for key, value in group_stats(rewards.numpy(), keys).items():
+        assert metrics[key] == pytest.approx(value, nan_ok=True), key
+
+
+def test_the_triton_path_dispatches_few_torch_ops_at_any_size():
+    """Kernel launches are not torch ops: on CUDA torch dispatches only allocations and views.
+
+    (The interpreter copies tensors to NumPy with torch ops of its own, the same for any size.)
+    """
+    seen = []
+    for rows, cols in ((128, 1024), (512, 4096)):
+        values = torch.randn(rows, cols)
+        mask = prefix_mask(torch.randint(0, cols + 1, (rows,)), cols)
+        with statistics_path("triton"), Dispatched() as dispatched:
+            tensor_part(on_device(values), on_device(mask))
+        assert not dispatched.syncs
+        seen.append(dispatched.ops)
+    assert seen[0] == seen[1]
+    if DEVICE.type == "cuda":
+        assert [op for op in seen[0] if op not in NOT_KERNELS] == [], seen[0]
+
+
+def test_a_failing_kernel_warns_once_and_the_torch_path_answers(monkeypatch):
+    import advmon.triton_sketch
+
+    def broken(values, valid=None):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(advmon.triton_sketch, "triton_part", broken)
+    monkeypatch.setattr(devices, "_TRITON_FAILURE", [])
+    values = torch.randn(300, 300)
+    with statistics_path("triton"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = summarize([tensor_part(values, None)])
+        summarize([tensor_part(values, None)])
+    messages = [str(w.message) for w in caught if "advmon" in str(w.message)]
+    assert len(messages) == 1 and "no kernel image" in messages[0] and "ADVMON_STATISTICS_PATH=torch" in messages[0]
+    assert_stats_close(first, value_stats(values.numpy()), exact_percentiles=False)
+
+
+COMPILE = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from advmon import triton_groups, triton_sketch
+
+reading = dict(count="i64", cols="i32", v_row="i32", v_col="i32", m_row="i32", m_col="i32")
+kernels = [
+    (triton_sketch._range_kernel, dict(values="*bf16", mask="*fp32", partials="*fp64", **reading),
+     dict(HAS_MASK=True, FLAT=False, BLOCK=8192)),
+    (triton_sketch._finalize_range_kernel, dict(partials="*fp64", programs="i32", scalars="*fp64", histogram="*i32"),
+     dict(HIST_LEN=1026, SHIFT=9, REDUCE=1024)),
+    (triton_sketch._moments_bins_kernel,
+     dict(values="*fp32", mask="*u8", scalars="*fp64", moments="*fp64", histogram="*i32", **reading),
+     dict(HAS_MASK=True, FLAT=True, BLOCK=8192, BINS=2048, HIST_LEN=1026)),
+    (triton_sketch._finalize_moments_kernel, dict(moments="*fp64", programs="i32", scalars="*fp64"), dict(REDUCE=1024)),
+    (triton_groups._group_kernel,
+     dict(rewards="*fp64", ids="*i64", pre_norm="*fp64", shares="*i32", count="i32", low_bits="i64", high_bits="i64"),
+     dict(TILE=64)),
+    (triton_groups._finalize_kernel, dict(shares="*i32", programs="i32", counts="*fp64"), dict(HAS_RANGE=True, REDUCE=256)),
+]
+target = GPUTarget("cuda", 90, 32) if sys.argv[1] == "cuda" else GPUTarget("hip", "gfx942", 64)
+for kernel, signature, constants in kernels:
+    signature = dict(signature, **{name: "constexpr" for name in constants})
+    constexprs = {(kernel.arg_names.index(name),): value for name, value in constants.items()}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=target,
+                              options={"num_warps": 8, "enable_fp_fusion": False})
+    assert compiled.asm.get("cubin") or compiled.asm.get("hsaco"), kernel.__name__
+    print(kernel.__name__, "ok")
+"""
+
+
+@pytest.mark.parametrize("backend", ["cuda", "hip"], ids=["nvidia-sm90", "amd-gfx942"])
+def test_every_kernel_compiles_for_real_gpus(backend):
+    """The interpreter accepts code a GPU compiler would refuse: compile each kernel for real targets."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    environment["TRITON_DEFAULT_FP_FUSION"] = "0"
+    done = subprocess.run([sys.executable, "-c", COMPILE, backend], capture_output=True, text=True, env=environment,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count(" ok") == 6, done.stdout
