@@ -18,7 +18,7 @@ DEV_STAMP := $(VENV)/.advmon-dev
 SERVICE_PACKAGES := prometheus prometheus-pushgateway prometheus-alertmanager chromium
 SERVICE_BINARIES := prometheus promtool prometheus-pushgateway prometheus-alertmanager amtool chromium
 
-.PHONY: demo test bench reliability services install clean
+.PHONY: demo test bench bench-gpu reliability services install clean
 
 demo: $(CORE_STAMP)
 	$(VENV)/bin/advmon demo
@@ -38,6 +38,15 @@ bench: $(DEV_STAMP)
 	$(PY) benchmarks/bench_scaling.py
 	$(PY) benchmarks/bench_report.py --repeat 1
 	$(PY) benchmarks/alert_corpus.py
+
+# The one GPU check (docs/performance.md, "On a GPU"): every figure with its kernel and sync
+# counts, then the CUDA tests. It runs where CUDA is, with that machine's own python3 (torch,
+# triton, numpy, pytest and hypothesis; a device machine has nothing to download), not .venv.
+GPU_PYTHON ?= python3
+bench-gpu:
+	PYTHONPATH=. $(GPU_PYTHON) benchmarks/bench_gpu.py
+	PYTHONPATH=. $(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_triton_kernels.py \
+		tests/test_monitor.py::test_cuda_tensors
 
 install: $(DEV_STAMP)
 

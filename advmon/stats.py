@@ -237,15 +237,25 @@ def pack(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     by_device: dict[torch.device, list[int]] = {}
     for index, tensor in enumerate(tensors):
         by_device.setdefault(tensor.device, []).append(index)
-    for device, indices in by_device.items():
-        flat = torch.cat([tensors[i].reshape(-1).to(torch.float64) for i in indices])
-        host = flat.numpy() if device.type == "cpu" else flat.cpu().numpy()
+    for indices in by_device.values():
+        host = to_host_array(torch.cat([_float64_or_whole(tensors[i].reshape(-1)) for i in indices]))
         offset = 0
         for i in indices:
             size = tensors[i].numel()
             arrays[i] = host[offset : offset + size]
             offset += size
     return arrays  # type: ignore[return-value]
+
+
+def to_host_array(flat: torch.Tensor) -> np.ndarray:
+    """A 1-D tensor as a float64 NumPy array: the record's one device-to-host transfer (a sync on a GPU)."""
+    flat = flat.to(torch.float64)  # integers promoted by cat arrive here; float64 is a no-op
+    return flat.numpy() if flat.device.type == "cpu" else flat.cpu().numpy()
+
+
+def _float64_or_whole(tensor: torch.Tensor) -> torch.Tensor:
+    """Floats become float64 first; integer counts go into ``cat`` as they are (it promotes them in the same kernel)."""
+    return tensor if tensor.dtype == torch.float64 or not tensor.is_floating_point() else tensor.to(torch.float64)
 
 
 def _as_valid_bool(valid: torch.Tensor) -> torch.Tensor:

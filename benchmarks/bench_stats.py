@@ -60,7 +60,8 @@ def straightforward(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, f
         "max": finite.max().item(),
         "abs_mean": finite.abs().mean().item(),
     }
-    for q, value in zip(QUANTILES, torch.quantile(finite, torch.tensor(QUANTILES, dtype=torch.float64)).tolist()):
+    levels = torch.tensor(QUANTILES, dtype=torch.float64, device=finite.device)
+    for q, value in zip(QUANTILES, torch.quantile(finite, levels).tolist()):
         stats[f"q{q}"] = value
     return stats
 

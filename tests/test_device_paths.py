@@ -9,6 +9,9 @@ for the device.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -215,3 +218,13 @@ def test_the_path_follows_the_device_and_can_be_chosen(monkeypatch):
     with pytest.raises(ValueError, match="statistics path"):
         with statistics_path("gpu"):  # type: ignore[arg-type]
             pass
+
+
+def test_the_gpu_benchmark_runs(tmp_path):
+    """benchmarks/bench_gpu.py --smoke: the GPU check's code on the CPU, so a lent GPU's minutes find it working."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_gpu.py"), "--smoke"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for figure in ("triton dense", "torch  expand view", "triton GRPO expand view", "torch  dense"):
+        assert figure in done.stdout, done.stdout

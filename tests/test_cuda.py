@@ -1,0 +1,149 @@
+"""advmon on a CUDA device: exact statistics on both device paths, one sync per record, few kernels.
+
+Skipped without CUDA (CPU tensors cover the same paths in test_device_paths.py and,
+through Triton's interpreter, test_triton_kernels.py); ``make bench-gpu`` runs this
+file on a lent GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import advmon
+from advmon import stats
+from advmon.devices import statistics_path
+from advmon.observation import tensor_part
+from advmon.stats import summarize
+
+from .estimators import (
+    GAELikeEstimator,
+    GDPOLikeEstimator,
+    GRPOLikeEstimator,
+    OPDLikeEstimator,
+    RawRewardLikeEstimator,
+    ReinforcePPLikeEstimator,
+)
+from .reference import assert_stats_close, group_keys, value_stats
+from .sketches import assert_same_sketch, general_part
+from .test_device_paths import CASES, grpo_inputs
+from .test_monitor import check_record, grpo_batch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+PATHS = ["triton", "torch"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(("name", "values", "mask"), CASES, ids=[c[0] for c in CASES])
+def test_every_case_is_exact_on_cuda(path, name, values, mask):
+    with statistics_path(path):
+        part = tensor_part(values.cuda(), None if mask is None else mask.cuda())
+    part = stats.Part(part.kind, tuple(t.cpu() for t in part.tensors))
+    expected = value_stats(values.double().numpy(), None if mask is None else mask.double().numpy())
+    assert_stats_close(summarize([part]), expected, exact_percentiles=False)
+    reference = values.float() if values.dtype == torch.bfloat16 else values
+    assert_same_sketch(part, general_part(reference, mask if mask is not None else torch.ones(values.shape)))
+
+
+class TransferCounter:
+    """Makes every synchronizing CUDA call an error, except advmon's one transfer per record, which it counts."""
+
+    def __init__(self, monkeypatch):
+        self.transfers = 0
+        original = stats.to_host_array
+
+        def counted(flat):
+            self.transfers += flat.device.type == "cuda"
+            torch.cuda.set_sync_debug_mode(0)
+            try:
+                return original(flat)
+            finally:
+                torch.cuda.set_sync_debug_mode("error")
+
+        monkeypatch.setattr(stats, "to_host_array", counted)
+
+    def __enter__(self):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def sync_free_grpo(prompt_ids, rewards, mask):
+    """A GRPO estimator without syncs of its own (contiguous groups of 8): the test measures advmon's."""
+    grouped = rewards.view(-1, 8)
+    advantages = (grouped - grouped.mean(-1, keepdim=True)) / (grouped.std(-1, keepdim=True) + 1e-6)
+    return advantages.reshape(-1, 1).expand(mask.shape)
+
+
+def sync_free_dense(prompt_ids, rewards, mask):
+    advantages = rewards.unsqueeze(-1) * mask + 0.01 * torch.randn(mask.shape, device=mask.device)
+    mean = (advantages * mask).sum() / mask.sum()
+    return (advantages - mean) * mask
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("estimator", [sync_free_grpo, sync_free_dense], ids=["grpo-expand-view", "dense"])
+def test_one_watched_call_syncs_once_and_a_chunked_step_once(path, estimator, sink, monkeypatch):
+    prompts, rewards, mask = (t.cuda() for t in grpo_inputs(64, 8, 512))
+    with advmon.Monitor("syncs", sinks=[sink]) as monitor, statistics_path(path):
+        watched = monitor.watch(estimator)
+        watched(prompts, rewards, mask)  # compiles the kernels, outside the count
+        with TransferCounter(monkeypatch) as counter:
+            watched(prompts, rewards, mask)
+        assert counter.transfers == 1
+        with TransferCounter(monkeypatch) as counter:
+            with monitor.step(10):
+                watched(prompts[:256], rewards[:256], mask[:256])
+                watched(prompts[256:], rewards[256:], mask[256:])
+        assert counter.transfers == 1
+        assert monitor.internal_errors == 0
+    assert [r.step for r in sink.records][-1] == 10
+
+
+def _extras(estimator, rewards: torch.Tensor, mask: torch.Tensor) -> dict:
+    g = torch.Generator().manual_seed(3)
+    noise = lambda: torch.randn(mask.shape, generator=g).cuda()  # noqa: E731
+    return {
+        GDPOLikeEstimator: lambda: {"repeated_batch": {"reward_a": rewards.cuda(), "reward_b": (1 - rewards).cuda()}},
+        ReinforcePPLikeEstimator: lambda: {"logprobs_policy": noise(), "logprobs_reference": noise()},
+        GAELikeEstimator: lambda: {"values": noise()},
+        OPDLikeEstimator: lambda: {"teacher_logprobs": noise(), "prev_logprobs": noise()},
+    }.get(estimator, dict)()
+
+
+@pytest.mark.parametrize(
+    "estimator", [GRPOLikeEstimator, GDPOLikeEstimator, ReinforcePPLikeEstimator, RawRewardLikeEstimator,
+                  GAELikeEstimator, OPDLikeEstimator],
+)
+def test_the_estimators_on_cuda(estimator, sink):
+    prompts, rewards, mask = grpo_batch(seed=13)
+    with advmon.Monitor("estimators", sinks=[sink]) as monitor:
+        result = advmon.instrument(estimator(), monitor).compute_advantage(
+            prompts.cuda(), rewards.cuda(), mask.cuda(), **_extras(estimator, rewards, mask)
+        )
+        assert monitor.internal_errors == 0
+    advantages = (result[0] if isinstance(result, tuple) else result).cpu()
+    check_record(sink.records[-1].metrics, rewards=rewards, advantages=advantages, mask=mask,
+                 keys=group_keys(prompts.numpy()))
+
+
+@pytest.mark.parametrize(("path", "most"), [("triton", 10), ("torch", 60)])
+def test_kernels_per_statistics_call_do_not_grow_with_the_data(path, most):
+    launched = []
+    for rows, cols in ((1024, 1024), (4096, 4096)):
+        values = torch.randn(rows, cols, device="cuda")
+        values[0, 0] = math.nan
+        mask = (torch.arange(cols, device="cuda") < torch.randint(0, cols + 1, (rows, 1), device="cuda")).float()
+        with statistics_path(path):
+            tensor_part(values, mask)  # compiles
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+                tensor_part(values, mask)
+                torch.cuda.synchronize()
+        launched.append(len([e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]))
+    assert launched[0] == launched[1] <= most, launched
