@@ -160,5 +160,6 @@ def _bin_counts(index: torch.Tensor, weights: torch.Tensor | None) -> torch.Tens
     below = torch.searchsorted(ordered, edges)
     if weights is None:
         return below.diff()
-    cumulative = torch.cat([weights.new_zeros(1), torch.cumsum(weights[order], 0)])
-    return cumulative[below].diff().round().to(torch.int64)
+    # Whole-number weights summed as integers: exact, and deterministic on CUDA (a float cumsum is not).
+    cumulative = torch.cat([order.new_zeros(1), torch.cumsum(weights[order].to(torch.int64), 0)])
+    return cumulative[below].diff()

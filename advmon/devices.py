@@ -35,7 +35,17 @@ from typing import Literal, TypeVar
 
 import torch
 
-__all__ = ["PATHS", "attempt_triton", "path_for", "statistics_path", "sync_free", "to_device", "triton_usable"]
+__all__ = [
+    "NO_FLOAT64",
+    "PATHS",
+    "attempt_triton",
+    "path_for",
+    "statistics_path",
+    "sync_free",
+    "to_device",
+    "triton_usable",
+    "where_float64_works",
+]
 
 T = TypeVar("T")
 
@@ -113,6 +123,19 @@ def attempt_triton(compute: Callable[[], T], device: torch.device) -> T | None:
             stacklevel=3,
         )
         return None
+
+
+#: Device types without float64 (Apple's MPS), whose tensors advmon summarises on the host.
+NO_FLOAT64 = frozenset({"mps"})
+
+
+def where_float64_works(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or a host copy of it where its device has no float64 (:data:`NO_FLOAT64`).
+
+    Exact statistics need float64 sums; MPS has none, so its tensors cross to the
+    host first (one synchronizing copy each) and take the CPU's path.
+    """
+    return tensor.cpu() if tensor.device.type in NO_FLOAT64 else tensor
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

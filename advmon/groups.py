@@ -221,12 +221,11 @@ def _sorted_per_group(rewards: torch.Tensor, ids: torch.Tensor) -> _PerGroup:
 
     Samples are sorted by group, then by reward (non-finite rewards last), so each
     group is a segment whose first and last finite entries are its minimum and
-    maximum, and whose counts and sums are differences of one ``cumsum``. A
-    running sum over the batch would carry other groups' magnitudes (1e30 in one
-    group swallows 0.3 in the next), so what is summed is each group's values
-    scaled into ``[0, 2]`` by its own range, and the mean is then corrected once
-    by the summed scaled residuals. A zero-std group sums exact zeros: its mean is
-    its value, exactly. Slot ``s`` holds the ``s``-th group.
+    maximum; ``searchsorted`` finds the segments' bounds, and ``segment_reduce``
+    sums each segment on its own (a running ``cumsum`` would carry other groups'
+    magnitudes into its differences, and is not deterministic on CUDA for floats).
+    What is summed is ``reward - group minimum``: a zero-std group sums exact zeros,
+    so its mean is its value exactly. Slot ``s`` holds the ``s``-th group.
     """
     count = rewards.shape[0]
     key = torch.where(rewards.abs() < math.inf, rewards, math.inf)  # NaN and -inf sort with inf, last
@@ -237,35 +236,25 @@ def _sorted_per_group(rewards: torch.Tensor, ids: torch.Tensor) -> _PerGroup:
     starts = torch.ones(count, dtype=torch.long, device=rewards.device)
     starts[1:] = group_of[1:] != group_of[:-1]
     segment = torch.cumsum(starts, 0) - 1
-    slots = torch.arange(count, device=rewards.device)
-    first = torch.searchsorted(segment, slots)
-    after = torch.searchsorted(segment, slots, right=True)
+    # Slot s is ordered[bounds[s]:bounds[s + 1]] (empty past the last group).
+    bounds = torch.searchsorted(segment, torch.arange(count + 1, device=rewards.device))
+    first, after = bounds[:-1], bounds[1:]
     usable = ordered < math.inf
-    finite = _segment_sums(usable.to(torch.int64), first, after)
+    running = torch.cat([bounds.new_zeros(1), torch.cumsum(usable, 0)])  # integers: exact and deterministic
+    finite = running[after] - running[first]
     low = ordered[first.clamp(max=count - 1)]  # inf where a group has no finite reward
     high = ordered[(first + finite - 1).clamp(min=0, max=count - 1)]  # meaningful where finite >= 1
-    scale = torch.where(high > low, high / 2 - low / 2, 1.0)  # half the range: never overflows
-
-    def scaled_mean_from(center: torch.Tensor) -> torch.Tensor:
-        scaled = torch.where(usable, (ordered - center[segment]) / scale[segment], 0.0)
-        return _segment_sums(scaled, first, after) / finite
-
-    mean = low + scale * scaled_mean_from(low)
-    mean = mean + scale * scaled_mean_from(mean)
+    above = torch.where(usable, ordered - low[segment], 0.0)
+    # unsafe=True skips segment_reduce's argument checks, which read values back to the host.
+    total_above = torch.segment_reduce(above, "sum", offsets=bounds, unsafe=True, initial=0.0)
     return _PerGroup(
         size=after - first,
         finite=finite,
-        mean=mean,
+        mean=low + total_above / finite,
         min=low,
         max=torch.where(finite > 0, high, -math.inf),
         slot=torch.empty_like(segment).index_copy_(0, order, segment),
     )
-
-
-def _segment_sums(values: torch.Tensor, first: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-    """Sums of ``values[first[s]:after[s]]`` for every slot ``s``, as differences of one cumsum."""
-    running = torch.cat([values.new_zeros(1), torch.cumsum(values, 0)])
-    return running[after] - running[first]
 
 
 def group_counts(

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from advmon.devices import to_device
+from advmon.devices import to_device, where_float64_works
 from advmon.groups import GroupsError, group_counts, group_ids, group_statistics
 from advmon.stats import EXACT_LIMIT, Part, dense_part, row_valid_counts, value_part
 
@@ -63,7 +63,7 @@ def as_tensor(value: Any, name: str) -> torch.Tensor | None:
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
-        return value.detach()
+        return where_float64_works(value.detach())
     if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
         return _from_numpy(value)
     if isinstance(value, (list, tuple)):

@@ -147,3 +147,20 @@ def test_kernels_per_statistics_call_do_not_grow_with_the_data(path, most):
                 torch.cuda.synchronize()
         launched.append(len([e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]))
     assert launched[0] == launched[1] <= most, launched
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_deterministic_algorithms_are_no_obstacle(path, sink):
+    """Training runs under torch.use_deterministic_algorithms(True) keep their statistics."""
+    prompts, rewards, mask = (t.cuda() for t in grpo_inputs(64, 8, 512))
+    dense = rewards.unsqueeze(-1) * mask + 0.01 * torch.randn(mask.shape, device="cuda")
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with advmon.Monitor("deterministic", sinks=[sink]) as monitor, statistics_path(path):
+            monitor.observe(rewards=rewards, advantages=dense, mask=mask, groups=prompts)
+            assert monitor.internal_errors == 0
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert_stats_close(sink.records[-1].metrics, value_stats(dense.cpu().numpy(), mask.cpu().numpy()),
+                       "advantages/post_norm/", exact_percentiles=False)

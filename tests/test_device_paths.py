@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+from contextlib import contextmanager
 import sys
 from pathlib import Path
 
@@ -140,15 +141,43 @@ def test_deterministic_mode_counts_bins_by_sorting():
     values = torch.from_numpy(rng.standard_normal((200, 400))).float()
     mask = torch.from_numpy(rng.random((200, 400)) < 0.5)
     usual = device_part(values, mask)
+    with deterministic_algorithms(), Dispatched() as seen:
+        sorted_bins = device_part(values, mask)
+    assert "histc" not in seen.ops and "sort" in seen.ops
+    assert torch.equal(usual.tensors[1], sorted_bins.tensors[1])
+
+
+def test_a_whole_call_uses_no_op_that_deterministic_mode_refuses_on_cuda(sink):
+    """CUDA refuses histc and a floating-point cumsum under use_deterministic_algorithms (the CPU allows both)."""
+    refused = []
+
+    class Refusals(Dispatched):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if name == "histc" or (name == "cumsum" and (args[0].is_floating_point() or
+                                                         (kwargs or {}).get("dtype") in (torch.float32, torch.float64))):
+                refused.append(name)
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    prompts, rewards, mask = grpo_inputs(40, 8, 600)
+    dense = rewards.unsqueeze(-1) * mask + 0.01 * torch.randn(mask.shape)
+    with advmon.Monitor("deterministic", sinks=[sink]) as monitor, statistics_path("torch"), deterministic_algorithms():
+        with Refusals():
+            monitor.observe(rewards=rewards, advantages=dense, mask=mask, groups=prompts)
+        assert monitor.internal_errors == 0
+    assert refused == []
+    assert_stats_close(sink.records[-1].metrics, value_stats(dense.numpy(), mask.numpy()), "advantages/post_norm/",
+                       exact_percentiles=False)
+
+
+@contextmanager
+def deterministic_algorithms():
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        with Dispatched() as seen:
-            sorted_bins = device_part(values, mask)
+        yield
     finally:
         torch.use_deterministic_algorithms(previous)
-    assert "histc" not in seen.ops and "sort" in seen.ops
-    assert torch.equal(usual.tensors[1], sorted_bins.tensors[1])
 
 
 # --------------------------------------------------------------------------- ops and syncs
@@ -228,3 +257,26 @@ def test_the_gpu_benchmark_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     for figure in ("triton dense", "torch  expand view", "triton GRPO expand view", "torch  dense"):
         assert figure in done.stdout, done.stdout
+
+
+def test_tensors_on_a_device_without_float64_are_summarised_on_the_host(monkeypatch):
+    """MPS has no float64: its tensors cross to the host once each and take the CPU's path."""
+    from advmon import devices
+    from advmon.observation import as_tensor
+
+    moved = []
+
+    class OnMPS(torch.Tensor):
+        @property
+        def device(self):
+            return torch.device("mps")
+
+        def cpu(self, *args, **kwargs):
+            moved.append(self.shape)
+            return torch.Tensor.as_subclass(self, torch.Tensor)
+
+    assert "mps" in devices.NO_FLOAT64
+    rewards = torch.tensor([1.0, 0.0, 1.0]).as_subclass(OnMPS)
+    host = as_tensor(rewards, "rewards")
+    assert moved == [torch.Size([3])] and type(host) is torch.Tensor and host.device.type == "cpu"
+    assert as_tensor(torch.ones(2), "mask").device.type == "cpu" and len(moved) == 1

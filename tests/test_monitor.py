@@ -369,14 +369,16 @@ class HostTransfers(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("sketched", [False, True])
-def test_one_watched_call_crosses_to_the_host_once(sketched, monitor, sink, monkeypatch):
-    if sketched:
+@pytest.mark.parametrize("path", ["exact", "cpu-sketch", "device-sketch"])
+def test_one_watched_call_crosses_to_the_host_once(path, monitor, sink, monkeypatch):
+    if path != "exact":
         monkeypatch.setattr(stats, "EXACT_LIMIT", 0)
+    if path == "cpu-sketch":
         # The prefix-mask fast path runs on CPU tensors only and reads a few of their
         # values to choose its blocks (no transfer: they are on the host already).
-        # What every device shares is the general sketch: count its transfers.
         monkeypatch.setattr(stats, "_sketch_prefix", lambda values, valid: None)
+    if path == "device-sketch":  # what any device runs (test_device_paths.py checks it never syncs)
+        monkeypatch.setenv("ADVMON_STATISTICS_PATH", "torch")
     estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
     prompts, rewards, mask = grpo_batch(nan_rewards=1)
     unwatched = GRPOLikeEstimator()
