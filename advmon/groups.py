@@ -4,6 +4,13 @@ A group-relative estimator (GRPO, RLOO, DAPO...) learns nothing from a group who
 rewards are all equal: its advantages are all zero (or undefined). These pure
 functions find the groups and count such groups, per call and on the device.
 
+On the CPU they may read values (``torch.unique``, ``index_add_``). Off it
+(:func:`advmon.devices.sync_free`) nothing is read back to the host: prompt rows
+are grouped by sorting a row hash, per-group values come from (group, reward)
+sorted segments, and on CUDA with Triton one tiled kernel does the groups' work
+(:mod:`advmon.triton_groups`). Group ids are dense on every path; their numbering
+may differ.
+
 Groups come from, in order of preference:
 
 * ``group_size=G``: contiguous blocks of ``G`` samples (the last may be shorter);

@@ -5,8 +5,12 @@ computed in two halves so that a whole record crosses to the host once:
 
 1. On the tensors' device, each tensor becomes a :class:`Part`: a few small
    tensors (exact values and weights for small inputs, or moments plus a
-   histogram for large ones). No ``.item()``, no data-dependent shapes, and no
-   reference to the caller's tensors is kept.
+   histogram for large ones). No reference to the caller's tensors is kept.
+   Large tensors are sketched on the path their device takes
+   (:mod:`advmon.devices`): the CPU's own (:mod:`advmon.prefix_sketch` and the
+   chunked passes here, which may look at values: they are on the host already),
+   or on any other device the pure-torch (:mod:`advmon.device_sketch`) or Triton
+   (:mod:`advmon.triton_sketch`) paths, which never read a value back.
 2. On the host, after one transfer, :func:`summarize` merges any number of parts
    (several calls of one training step) and finishes the statistics.
 
@@ -204,10 +208,11 @@ def dense_part(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
 def row_valid_counts(mask: torch.Tensor) -> torch.Tensor:
     """Number of entries ``> 0`` in each row of a 2-D mask, as float64.
 
-    The mask is read once, in row chunks that stay in cache, as a 0/1 float
-    indicator (see :func:`advmon.prefix_sketch.indicator_chunks`) whose row sums
-    are exact counts: whole numbers below ``2**24`` in float32, and float64 for
-    longer rows. No value of the mask is read back, so CUDA masks do not sync.
+    On the CPU the mask is read once, in row chunks that stay in cache, as a 0/1
+    float indicator (see :func:`advmon.prefix_sketch.indicator_chunks`) whose row
+    sums are exact counts: whole numbers below ``2**24`` in float32, and float64
+    for longer rows. Elsewhere it is two whole-tensor ops (``> 0``, then a float64
+    row sum); no value is read back, so device masks do not sync.
 
     Example:
         >>> row_valid_counts(torch.tensor([[1.0, 0.5, 0.0], [0.0, 0.0, 0.0]])).tolist()
