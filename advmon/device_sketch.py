@@ -5,8 +5,8 @@ value read back to the host waits for the device. So this path, unlike the CPU's
 cache-sized row chunks and data-dependent shortcuts, works on the whole tensor at
 once and never looks at a value:
 
-1. **Range.** One pass gives the counts (valid, NaN, finite: exact int64 sums of
-   bool masks), the finite valid minimum and maximum, and the sum of ``|x|``.
+1. **Range.** One pass gives the counts (valid, NaN, finite: sums of bool masks,
+   exact), the finite valid minimum and maximum, and the sum of ``|x|``.
 2. **Level.** :func:`~advmon.sketch_format.histogram_level` turns the range into
    the histogram's bin width and first bin as device tensors.
 3. **Moments and histogram.** A second pass sums the deviations from the range's
@@ -42,9 +42,6 @@ __all__ = ["CHUNK_ELEMENTS", "device_part"]
 
 #: Values per chunk: ``torch.histc``'s float32 counts stay exact up to ``2**24``.
 CHUNK_ELEMENTS = 1 << 24
-# CPU scalars: a CUDA kernel takes them as arguments (no copy), and ``where(out=...)`` needs tensors.
-_ZERO = torch.zeros((), dtype=torch.float64)
-_NO_BIN = torch.tensor(-1.0, dtype=torch.float64)  # outside every bin: counted nowhere
 
 
 def device_part(values: torch.Tensor, valid: torch.Tensor | None = None, weights: torch.Tensor | None = None) -> Part:
@@ -94,7 +91,12 @@ def _row_chunks(values: torch.Tensor, valid: torch.Tensor | None, weights: torch
 
 
 class _Chunk:
-    """One chunk's two passes; ``usable`` (valid and finite) is kept between them."""
+    """One chunk's two passes; ``usable`` (valid and finite) and its complement are kept between them.
+
+    Entries are set aside with ``masked_fill`` and the complement, not ``where``:
+    ``where`` turns a Python number into a tensor on the device (one more kernel)
+    and moves a CPU scalar tensor there (a synchronizing copy).
+    """
 
     def __init__(self, values: torch.Tensor, valid: torch.Tensor | None, weights: torch.Tensor | None) -> None:
         self.values = values
@@ -102,9 +104,11 @@ class _Chunk:
         if self.weights is not None:
             valid = self.weights
         self.keep = None if valid is None else (valid if valid.dtype == torch.bool else valid > 0)
-        self.usable = _finite(values)
+        self.magnitudes = values.abs()  # |x|: whether it is finite, and its share of sum |x|
+        self.usable = self.magnitudes < math.inf  # NaN and Inf are not below Inf
         if self.keep is not None:
             self.usable &= self.keep
+        self.unusable = ~self.usable
 
     def range_pass(self) -> torch.Tensor:
         """[n_valid, n_nan, n_finite, sum |x|, min, max] over the chunk, float64 on the device."""
@@ -120,29 +124,24 @@ class _Chunk:
         else:
             counts = torch.stack([nan, usable]).sum(dim=(1, 2), dtype=torch.float64)
             counts = torch.cat([counts.new_full((1,), x.numel()), counts])
-        magnitudes = torch.where(usable, x, 0).abs_()
+        magnitudes, self.magnitudes = self.magnitudes.masked_fill_(self.unusable, 0.0), None  # freed after this pass
         if self.weights is not None:
             magnitudes = magnitudes * self.weights
-        low = torch.where(usable, x, math.inf).amin()
-        high = torch.where(usable, x, -math.inf).amax()
+        low = x.masked_fill(self.unusable, math.inf).amin()
+        high = x.masked_fill(self.unusable, -math.inf).amax()
         return torch.cat([counts, magnitudes.sum(dtype=torch.float64)[None], low[None], high[None]])
 
     def moments_and_bins(self, bins: Binning) -> tuple[torch.Tensor, torch.Tensor]:
         """([sum(x - center), sum((x - center)^2)] over usable values, int64 histogram of their bins)."""
-        usable = self.usable
+        unusable = self.unusable
         scratch = self.values.to(torch.float64, copy=True)
-        deviation = torch.where(usable, scratch.sub_(bins.center), _ZERO, out=scratch).reshape(-1)
+        deviation = scratch.sub_(bins.center).masked_fill_(unusable, 0.0).reshape(-1)
         weighted = deviation if self.weights is None else deviation * self.weights.reshape(-1)
         sums = torch.cat([weighted.sum()[None], torch.dot(weighted, deviation)[None]])
         index = scratch.copy_(self.values).mul_(bins.factors[0]).mul_(bins.factors[1]).floor_().sub_(bins.offset)
-        index = torch.where(usable, index, _NO_BIN, out=scratch)
+        index = index.masked_fill_(unusable, -1.0)  # -1: outside every bin
         weights = None if self.weights is None else self.weights.reshape(-1)
         return sums, _bin_counts(index.reshape(-1), weights)
-
-
-def _finite(values: torch.Tensor) -> torch.Tensor:
-    """``torch.isfinite`` in two ops instead of four (NaN and Inf are not below Inf)."""
-    return values.abs() < math.inf
 
 
 def _bin_counts(index: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:

@@ -87,10 +87,10 @@ def binning(low: torch.Tensor, high: torch.Tensor) -> Binning:
     _, exponents = torch.frexp(torch.stack([spread, torch.maximum(-low, high)]))  # low <= high: the largest |x|
     floor_level = exponents[1] - 62
     level = torch.maximum(torch.where(spread > 0, exponents[0] - (1 + _SKETCH_LEVEL_SHIFT), floor_level), floor_level)
-    ok = spread >= 0  # not the empty range (inf - -inf is -inf)
-    level = torch.where(ok, level, 0)
+    empty = spread < 0  # no finite value: inf - -inf is -inf
+    level = level.masked_fill(empty, 0)  # masked_fill, not where: a where(..., 0) makes a tensor of the 0
     factors = scale_factors(level)
-    offset = torch.where(ok, torch.floor(low * factors[0] * factors[1]), 0.0)  # exact: powers of two
+    offset = torch.floor(low * factors[0] * factors[1]).masked_fill_(empty, 0.0)  # exact: powers of two
     return Binning(level, offset, factors, center)
 
 

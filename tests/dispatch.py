@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-#: Ops that launch no kernel: views, metadata, and Python numbers wrapped as CPU scalars.
+#: Ops that launch no kernel: views and metadata. (``scalar_tensor``, a Python number that an op such as
+#: ``where`` makes into a tensor, is a fill kernel on a device: it counts.)
 NOT_KERNELS = {
-    "alias", "as_strided", "detach", "expand", "lift_fresh", "reshape", "scalar_tensor", "select", "slice",
+    "alias", "as_strided", "detach", "expand", "lift_fresh", "reshape", "select", "slice",
     "squeeze", "t", "transpose", "unbind", "unsqueeze", "view", "_unsafe_view", "split", "split_with_sizes",
     "empty", "empty_like", "empty_strided",
 }
