@@ -44,7 +44,8 @@ def triton_group_statistics(
     if count == 0 or count > MAX_BATCH:
         return None
     programs = triton.cdiv(count, TILE)
-    pre_norm = torch.empty_like(rewards)
+    rewards = rewards.contiguous()  # the kernel reads sample i at rewards + i (a [B, 1] column or a slice is strided)
+    pre_norm = torch.empty(count, dtype=torch.float64, device=rewards.device)
     shares = torch.empty((programs, _FIELDS), dtype=torch.int32, device=rewards.device)
     counts = torch.empty(_FIELDS, dtype=torch.float64, device=rewards.device)
     low, high = reward_range if reward_range is not None else (math.nan, math.nan)

@@ -148,6 +148,16 @@ def test_the_group_kernels_match_python(keys, data, ranged):
     assert np.all(np.abs(got[finite] - reference[finite]) <= 1e-14 * scale[finite] + 1e-15)
 
 
+def test_strided_rewards_are_read_where_they_lie():
+    """Every other reward of a larger float64 tensor: not contiguous, already float64 (no copy on the way in)."""
+    rewards = torch.arange(48, dtype=torch.float64)[::2]
+    ids = torch.arange(24) // 4
+    counts, pre_norm = triton_group_statistics(on_device(rewards), on_device(ids), None)
+    expected = derived_pre_norm(rewards.numpy(), ids.tolist())
+    assert np.array_equal(pre_norm.cpu().numpy(), expected)
+    assert counts.cpu().tolist()[0] == 6
+
+
 def test_zero_std_groups_get_exact_zeros_and_large_batches_go_to_torch():
     rewards = torch.full((24,), 0.1, dtype=torch.float64)
     _, pre_norm = triton_group_statistics(on_device(rewards), on_device(torch.arange(24) // 3), None)
