@@ -116,13 +116,13 @@ class _Chunk:
         nan = torch.isnan(x)
         if keep is not None:
             nan &= keep
+        # Counts are int64 sums of bool masks (times whole-number weights); cat below promotes them exactly.
         if self.weights is not None:
-            masks = torch.stack([keep, nan, usable]).to(torch.float64) * self.weights
-            counts = masks.sum(dim=(1, 2))
+            counts = (torch.stack([keep, nan, usable]) * self.weights.to(torch.int64)).sum(dim=(1, 2))
         elif keep is not None:
-            counts = torch.stack([keep, nan, usable]).sum(dim=(1, 2), dtype=torch.float64)
+            counts = torch.stack([keep, nan, usable]).sum(dim=(1, 2))
         else:
-            counts = torch.stack([nan, usable]).sum(dim=(1, 2), dtype=torch.float64)
+            counts = torch.stack([nan, usable]).sum(dim=(1, 2))
             counts = torch.cat([counts.new_full((1,), x.numel()), counts])
         magnitudes, self.magnitudes = self.magnitudes.masked_fill_(self.unusable, 0.0), None  # freed after this pass
         if self.weights is not None:
