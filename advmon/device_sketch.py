@@ -42,6 +42,7 @@ __all__ = ["CHUNK_ELEMENTS", "device_part"]
 
 #: Values per chunk: ``torch.histc``'s float32 counts stay exact up to ``2**24``.
 CHUNK_ELEMENTS = 1 << 24
+_HISTC_EXACT = 1 << 24  # the most values histc may count in float32
 
 
 def device_part(values: torch.Tensor, valid: torch.Tensor | None = None, weights: torch.Tensor | None = None) -> Part:
@@ -148,11 +149,12 @@ def _bin_counts(index: torch.Tensor, weights: torch.Tensor | None) -> torch.Tens
     """int64 counts of whole-number bin indices in ``[0, _HIST_LEN)`` (``-1`` counts nowhere).
 
     ``histc``'s float32 counts are exact for a chunk of at most ``2**24`` values.
-    Under ``torch.use_deterministic_algorithms`` (``histc`` has no deterministic
-    CUDA kernel) and for weights, the indices are sorted and counted by
-    ``searchsorted`` at the bin edges instead.
+    For longer chunks, for weights, and under ``torch.use_deterministic_algorithms``
+    (``histc`` has no deterministic CUDA kernel), the indices are sorted and counted
+    by ``searchsorted`` at the bin edges instead.
     """
-    if weights is None and not torch.are_deterministic_algorithms_enabled():
+    exact_in_float32 = index.numel() <= _HISTC_EXACT  # a chunk can be longer: one row of more values than that
+    if weights is None and exact_in_float32 and not torch.are_deterministic_algorithms_enabled():
         return torch.histc(index.to(torch.float32), bins=_HIST_LEN, min=0, max=_HIST_LEN).to(torch.int64)
     ordered, order = torch.sort(index)
     edges = torch.arange(_HIST_LEN + 1, dtype=torch.float64, device=index.device).sub_(0.5)

@@ -135,6 +135,20 @@ def test_chunks_merge_into_one_part(monkeypatch):
     assert_same_sketch(chunked, whole)
 
 
+def test_rows_longer_than_a_chunk_are_counted_exactly(monkeypatch):
+    """A row of more values than histc counts exactly in float32 is still one chunk: its bins are sorted instead."""
+    from advmon import device_sketch as module
+
+    values = torch.from_numpy(np.random.default_rng(22).standard_normal((2, 300)))
+    values[:, :40] = 1.0  # a bin holding more values than the (lowered) float32 limit
+    monkeypatch.setattr(module, "CHUNK_ELEMENTS", 100)
+    monkeypatch.setattr(module, "_HISTC_EXACT", 30)
+    with Dispatched() as seen:
+        part = device_part(values)
+    assert "histc" not in seen.ops and seen.ops.count("sort") == 2  # two chunks of one row each
+    assert_same_sketch(part, general_part(values, torch.ones(values.shape)))
+
+
 def test_deterministic_mode_counts_bins_by_sorting():
     """torch.histc has no deterministic CUDA kernel: under use_deterministic_algorithms the bins are sorted."""
     rng = np.random.default_rng(21)
