@@ -66,7 +66,6 @@ from advmon.sketch_format import (
     _N_SCALARS,
     _N_VALID,
     _OFFSET,
-    _SKETCH_LEVEL_SHIFT,
     _TRASH_BIN,
     SKETCH_BINS,
     HostPart,

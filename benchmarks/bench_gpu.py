@@ -139,28 +139,32 @@ def mark(value: float, goal: float | None) -> str:
 def statistics_figures(repeats: int, sizes) -> list[str]:
     lines = []
     for rows, cols in sizes:
-        dense, expanded, mask = inputs(rows, cols)
-        tensor_mib = dense.numel() * dense.element_size() / 2**20
-        floor = median_ms(lambda: dense.sum(), repeats)
-        lines.append(f"{rows} x {cols} float32 ({tensor_mib:.0f} MiB): torch.sum pass {floor:.3f} ms")
-        for path in ("triton", "torch"):
-            goals = GOALS.get((path, rows), (None, None))
-            for (name, advantages), goal in zip((("dense", dense), ("expand view", expanded)), goals):
-                def call(a=advantages):
-                    return summarize([tensor_part(a, mask)])
-
-                with statistics_path(path):
-                    ms = median_ms(call, repeats)
-                    launched, synced, peak = kernels_launched(call), syncs(call), peak_extra_mib(call)
-                lines.append(
-                    f"  {path:6} {name:11} {ms:8.3f} ms = {ms / floor:6.1f}x the sum pass | {launched:>3} kernels, "
-                    f"{synced} sync(s) | peak extra {peak:7.1f} MiB = {peak / tensor_mib:4.2f}x{mark(ms, goal)}"
-                )
-        simple = median_ms(lambda: straightforward(dense, mask), max(3, repeats // 3))
-        lines.append(f"  straightforward dense (bool index + quantile) {simple:.3f} ms")
-        del dense, expanded, mask
+        lines += size_figures(repeats, rows, cols)  # its tensors are freed when it returns
         if DEVICE.type == "cuda":
             torch.cuda.empty_cache()
+    return lines
+
+
+def size_figures(repeats: int, rows: int, cols: int) -> list[str]:
+    dense, expanded, mask = inputs(rows, cols)
+    tensor_mib = dense.numel() * dense.element_size() / 2**20
+    floor = median_ms(lambda: dense.sum(), repeats)
+    lines = [f"{rows} x {cols} float32 ({tensor_mib:.0f} MiB): torch.sum pass {floor:.3f} ms"]
+    for path in ("triton", "torch"):
+        goals = GOALS.get((path, rows), (None, None))
+        for (name, advantages), goal in zip((("dense", dense), ("expand view", expanded)), goals):
+            def call(a=advantages):
+                return summarize([tensor_part(a, mask)])
+
+            with statistics_path(path):
+                ms = median_ms(call, repeats)
+                launched, synced, peak = kernels_launched(call), syncs(call), peak_extra_mib(call)
+            lines.append(
+                f"  {path:6} {name:11} {ms:8.3f} ms = {ms / floor:6.1f}x the sum pass | {launched:>3} kernels, "
+                f"{synced} sync(s) | peak extra {peak:7.1f} MiB = {peak / tensor_mib:4.2f}x{mark(ms, goal)}"
+            )
+    simple = median_ms(lambda: straightforward(dense, mask), max(3, repeats // 3))
+    lines.append(f"  straightforward dense (bool index + quantile) {simple:.3f} ms")
     return lines
 
 

@@ -24,7 +24,7 @@ from hypothesis.extra import numpy as hnp
 import advmon
 from advmon import devices, stats
 from advmon.devices import statistics_path
-from advmon.groups import GROUP_COUNT_FIELDS, group_ids, group_statistics
+from advmon.groups import GROUP_COUNT_FIELDS, group_ids
 from advmon.observation import tensor_part
 from advmon.sketch_format import _LEVEL, _OFFSET, host_level
 from advmon.stats import summarize
