@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from advmon import stats
 from advmon.stats import summarize
+
+#: Values that break careless statistics: signed zeros, subnormals, float32's extremes, NaN and Inf.
+ADVERSARIAL = [0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 1e30, -1e30, 3.4e38, -3.4e38, 1e-45, 0.3, math.nan, math.inf,
+               -math.inf]
+
+
+def float_arrays(max_side: int):
+    """2-D float32 or float64 arrays of any float32 value, adversarial ones often."""
+    return hnp.arrays(
+        dtype=st.sampled_from([np.float32, np.float64]),
+        shape=hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=max_side),
+        elements=st.one_of(st.floats(width=32, allow_nan=True, allow_infinity=True), st.sampled_from(ADVERSARIAL)),
+    )
 
 
 def prefix_mask(lengths, cols: int, kind: str = "float") -> torch.Tensor:

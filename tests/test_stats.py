@@ -15,8 +15,8 @@ from advmon import stats
 from advmon.stats import dense_part, host_level, row_valid_counts, summarize, value_part
 
 from .reference import assert_stats_close, value_stats
+from .sketches import float_arrays as float_arrays_of
 
-ADVERSARIAL = [0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 1e30, -1e30, 3.4e38, -3.4e38, 1e-45, 0.3, math.nan, math.inf, -math.inf]
 
 
 @pytest.fixture
@@ -31,11 +31,7 @@ def _check_dense(x: np.ndarray, valid: np.ndarray | None, *, exact: bool) -> Non
     assert_stats_close(got, value_stats(x, valid), exact_percentiles=exact)
 
 
-float_arrays = hnp.arrays(
-    dtype=st.sampled_from([np.float32, np.float64]),
-    shape=hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=40),
-    elements=st.one_of(st.floats(width=32, allow_nan=True, allow_infinity=True), st.sampled_from(ADVERSARIAL)),
-)
+float_arrays = float_arrays_of(max_side=40)
 
 
 @settings(max_examples=150, deadline=None)

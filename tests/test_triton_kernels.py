@@ -33,7 +33,8 @@ from .dispatch import NOT_KERNELS, Dispatched
 from .reference import assert_stats_close, derived_pre_norm, group_stats, value_stats
 from .services import require_module
 from .sketches import assert_same_sketch, general_part, prefix_mask
-from .test_device_paths import ADVERSARIAL, CASES, grpo_inputs
+from .sketches import float_arrays as float_arrays_of
+from .test_device_paths import CASES, grpo_inputs
 
 require_module("triton")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -61,11 +62,7 @@ def test_the_sketch_kernels_match_numpy_and_the_cpu_sketch_bin_for_bin(name, val
     assert_same_sketch(part, general_part(reference_values, mask if mask is not None else torch.ones(values.shape)))
 
 
-float_arrays = hnp.arrays(
-    dtype=st.sampled_from([np.float32, np.float64]),
-    shape=hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=24),
-    elements=st.one_of(st.floats(width=32, allow_nan=True, allow_infinity=True), st.sampled_from(ADVERSARIAL)),
-)
+float_arrays = float_arrays_of(max_side=24)
 
 
 @settings(max_examples=40, deadline=None)
