@@ -102,13 +102,27 @@ def _tensor_group_ids(groups: torch.Tensor, batch_size: int) -> torch.Tensor:
         )
     if groups.dim() == 2:
         return _hashed_row_group_ids(groups) if sync_free(groups) else _row_group_ids(groups)
+    if batch_size == 0:
+        return torch.zeros(0, dtype=torch.long, device=groups.device)
     ordered, order = torch.sort(groups, stable=True)
-    starts = torch.ones(batch_size, dtype=torch.long, device=groups.device)
-    if batch_size > 1:
-        starts[1:] = ordered[1:] != ordered[:-1]
-    ids = torch.empty_like(starts)
-    ids[order] = torch.cumsum(starts, 0) - 1
-    return ids
+    return _in_original_order(order, _run_numbers(ordered[1:] != ordered[:-1]))
+
+
+def _run_numbers(changes: torch.Tensor) -> torch.Tensor:
+    """Which run each of ``n`` sorted items is in (0, 1, ...); ``changes[i]``: item ``i + 1`` differs from item ``i``.
+
+    Example:
+        >>> _run_numbers(torch.tensor([False, True, True])).tolist()
+        [0, 0, 1, 2]
+    """
+    starts = torch.ones(changes.shape[0] + 1, dtype=torch.long, device=changes.device)
+    starts[1:] = changes
+    return torch.cumsum(starts, 0) - 1
+
+
+def _in_original_order(order: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``values`` of the items ``order`` sorted, put back where each item came from (no host read)."""
+    return torch.empty_like(values).index_copy_(0, order, values)
 
 
 def _row_group_ids(rows: torch.Tensor) -> torch.Tensor:
@@ -134,14 +148,11 @@ def _hashed_row_group_ids(rows: torch.Tensor) -> torch.Tensor:
     hash collision between different rows, at odds of about ``B**2 / 2**64``,
     could split a group.
     """
-    count = rows.shape[0]
-    if count == 0:
+    if rows.shape[0] == 0:
         return torch.zeros(0, dtype=torch.long, device=rows.device)
     order = torch.argsort(_row_hashes(rows), stable=True)
     ordered = rows[order]
-    starts = torch.ones(count, dtype=torch.long, device=rows.device)
-    starts[1:] = (ordered[1:] != ordered[:-1]).any(dim=1)
-    return torch.empty_like(starts).index_copy_(0, order, torch.cumsum(starts, 0) - 1)
+    return _in_original_order(order, _run_numbers((ordered[1:] != ordered[:-1]).any(dim=1)))
 
 
 #: Multipliers of the row hash (odd 64-bit constants, as signed int64).
@@ -240,9 +251,7 @@ def _sorted_per_group(rewards: torch.Tensor, ids: torch.Tensor) -> _PerGroup:
     order = by_reward[torch.argsort(ids[by_reward], stable=True)]
     group_of = ids[order]
     ordered = key[order]
-    starts = torch.ones(count, dtype=torch.long, device=rewards.device)
-    starts[1:] = group_of[1:] != group_of[:-1]
-    segment = torch.cumsum(starts, 0) - 1
+    segment = _run_numbers(group_of[1:] != group_of[:-1])
     # Slot s is ordered[bounds[s]:bounds[s + 1]] (empty past the last group).
     bounds = torch.searchsorted(segment, torch.arange(count + 1, device=rewards.device))
     first, after = bounds[:-1], bounds[1:]
@@ -260,7 +269,7 @@ def _sorted_per_group(rewards: torch.Tensor, ids: torch.Tensor) -> _PerGroup:
         mean=low + total_above / finite,
         min=low,
         max=torch.where(finite > 0, high, -math.inf),
-        slot=torch.empty_like(segment).index_copy_(0, order, segment),
+        slot=_in_original_order(order, segment),
     )
 
 
