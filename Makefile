@@ -46,6 +46,7 @@ bench: $(DEV_STAMP)
 GPU_PYTHON ?= python3
 bench-gpu:
 	PYTHONPATH=. $(GPU_PYTHON) benchmarks/bench_gpu.py
+	PYTHONPATH=. $(GPU_PYTHON) benchmarks/profile_gpu.py
 	PYTHONPATH=. $(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_triton_kernels.py \
 		tests/test_monitor.py::test_cuda_tensors
 

@@ -210,8 +210,9 @@ def row_valid_counts(mask: torch.Tensor) -> torch.Tensor:
     On the CPU the mask is read once, in row chunks that stay in cache, as a 0/1
     float indicator (see :func:`advmon.prefix_sketch.indicator_chunks`) whose row
     sums are exact counts: whole numbers below ``2**24`` in float32, and float64
-    for longer rows. Elsewhere it is two whole-tensor ops (``> 0``, then a float64
-    row sum); no value is read back, so device masks do not sync.
+    for longer rows. Elsewhere it is a fixed handful of whole-tensor ops (see
+    :func:`_counts_without_copies`); no value is read back, so device masks do
+    not sync.
 
     Example:
         >>> row_valid_counts(torch.tensor([[1.0, 0.5, 0.0], [0.0, 0.0, 0.0]])).tolist()
@@ -221,7 +222,8 @@ def row_valid_counts(mask: torch.Tensor) -> torch.Tensor:
     """
     mask = mask.detach()
     if sync_free(mask):
-        return torch.gt(mask, 0).sum(dim=1, dtype=torch.float64)  # two ops, whatever the size
+        # gt(bool, 0) would widen a bool mask to int64 first: a bool mask already says which count.
+        return _counts_without_copies(mask if mask.dtype == torch.bool else torch.gt(mask, 0))
     rows, cols = mask.shape
     dtype = torch.float32 if cols < (1 << 24) else torch.float64
     counts = torch.empty(rows, dtype=dtype, device=mask.device)
@@ -229,6 +231,30 @@ def row_valid_counts(mask: torch.Tensor) -> torch.Tensor:
     for start, ones in indicator_chunks(mask, dtype, chunk_elements=1 << 20):
         torch.sum(ones, dim=1, out=counts[start : start + ones.shape[0]])
     return counts.to(torch.float64)
+
+
+#: Most entries a uint8 sum can count without overflowing.
+_BYTE_SPAN = 255
+
+
+def _counts_without_copies(valid: torch.Tensor) -> torch.Tensor:
+    """Row counts of a 2-D bool tensor as float64, with no temporary of its size.
+
+    A reduction whose result dtype differs from its input's first copies the whole
+    input to that dtype: ``valid.sum(1, dtype=float64)`` made 8 bytes an entry (2x
+    a float32 tensor, measured on an H200). Summed as bytes, spans of 255 columns
+    cannot overflow; only those partial counts (1/255 of the size) are widened.
+
+    Example:
+        >>> _counts_without_copies(torch.ones(2, 600, dtype=torch.bool)).tolist()
+        [600.0, 600.0]
+    """
+    rows, cols = valid.shape
+    whole = cols - cols % _BYTE_SPAN
+    as_bytes = valid.view(torch.uint8)
+    spans = as_bytes[:, :whole].reshape(rows, whole // _BYTE_SPAN, _BYTE_SPAN).sum(dim=2, dtype=torch.uint8)
+    tail = as_bytes[:, whole:].sum(dim=1, dtype=torch.uint8)
+    return spans.sum(dim=1, dtype=torch.float64) + tail
 
 
 def pack(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:

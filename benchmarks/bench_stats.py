@@ -60,10 +60,21 @@ def straightforward(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, f
         "max": finite.max().item(),
         "abs_mean": finite.abs().mean().item(),
     }
-    levels = torch.tensor(QUANTILES, dtype=torch.float64, device=finite.device)
-    for q, value in zip(QUANTILES, torch.quantile(finite, levels).tolist()):
+    for q, value in zip(QUANTILES, linear_quantiles(finite, QUANTILES).tolist()):
         stats[f"q{q}"] = value
     return stats
+
+
+def linear_quantiles(values: torch.Tensor, levels) -> torch.Tensor:
+    """torch.quantile's linear interpolation; a sort where quantile refuses (over 2^24 values)."""
+    levels = torch.tensor(levels, dtype=torch.float64, device=values.device)
+    if values.numel() <= 2**24:
+        return torch.quantile(values, levels)
+    ordered = values.sort().values
+    position = levels * (ordered.numel() - 1)
+    below = position.floor().long()
+    above = position.ceil().long()
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
 
 
 def advmon_stats(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

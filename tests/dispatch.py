@@ -61,3 +61,14 @@ def _data_dependent(name: str, args, kwargs) -> bool:
     if name == "repeat_interleave":
         return kwargs.get("output_size") is None and (len(args) < 4 or args[3] is None)
     return False
+
+
+def largest_allocation(fn) -> int:
+    """The most bytes one allocation made while ``fn`` ran, copies made inside an op included.
+
+    A dispatch mode cannot see those: ``bool.sum(dtype=float64)`` first copies its whole
+    input to float64 below the dispatcher. The profiler's memory events do.
+    """
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profile:
+        fn()
+    return max((event.cpu_memory_usage for event in profile.events()), default=0)

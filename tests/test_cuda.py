@@ -132,7 +132,9 @@ def test_the_estimators_on_cuda(estimator, sink):
                  keys=group_keys(prompts.numpy()))
 
 
-@pytest.mark.parametrize(("path", "most"), [("triton", 10), ("torch", 60)])
+# Kernels, not ops: a sort or histc launches several (tests/test_device_paths.py bounds the ops at 60;
+# an H200 with torch 2.11 showed 79 kernels for them, 2026-12-04).
+@pytest.mark.parametrize(("path", "most"), [("triton", 10), ("torch", 90)])
 def test_kernels_per_statistics_call_do_not_grow_with_the_data(path, most):
     launched = []
     for rows, cols in ((1024, 1024), (4096, 4096)):

@@ -28,7 +28,7 @@ from advmon.devices import path_for, statistics_path
 from advmon.observation import tensor_part
 from advmon.stats import summarize, value_part
 
-from .dispatch import Dispatched
+from .dispatch import Dispatched, largest_allocation
 from .reference import assert_stats_close, value_stats
 from .sketches import assert_same_sketch, general_part, prefix_mask
 from .sketches import float_arrays as float_arrays_of
@@ -88,6 +88,21 @@ def test_expand_views_and_per_sequence_values_on_the_torch_path(masked):
     expected = value_stats(view.numpy(), None if mask is None else mask.numpy())
     assert_stats_close(expand, expected)  # exact: B weighted values
     assert_stats_close(sequence, value_stats(per_row.numpy()))
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.float32, torch.bfloat16, torch.bool, torch.int64])
+def test_an_expand_view_makes_no_temporary_wider_than_a_byte_an_entry(mask_dtype):
+    """Its work is its mask's row counts: an H200 showed 2.25x the tensor when they were a float64 sum."""
+    rng = np.random.default_rng(20)
+    rows, cols = 512, 1000  # not a multiple of 255: the counts' tail is used
+    lengths = rng.integers(0, cols + 1, rows)
+    mask = prefix_mask(lengths, cols).to(mask_dtype)
+    view = torch.from_numpy(rng.standard_normal(rows)).float().unsqueeze(-1).expand(rows, cols)
+    with statistics_path("torch"):
+        part = tensor_part(view, mask)
+        largest = largest_allocation(lambda: tensor_part(view, mask))
+    assert largest <= rows * cols, largest  # the `> 0` bool, one byte an entry
+    assert_stats_close(summarize([part]), value_stats(view.numpy(), mask.to(torch.float64).numpy()))
 
 
 def test_large_weighted_sets_are_sketched_with_weights_on_the_device():
@@ -266,6 +281,16 @@ def test_the_gpu_benchmark_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     for figure in ("triton dense", "torch  expand view", "triton GRPO expand view", "torch  dense"):
         assert figure in done.stdout, done.stdout
+
+
+def test_the_gpu_profile_runs(tmp_path):
+    """benchmarks/profile_gpu.py --smoke: where a call's time goes, ready for the next lent GPU."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "profile_gpu.py"), "--smoke"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for heading in ("=== triton dense 256 x 512", "=== torch expand view", "=== watched GRPO call", "tottime"):
+        assert heading in done.stdout, done.stdout[-3000:]
 
 
 def test_tensors_on_a_device_without_float64_are_summarised_on_the_host(monkeypatch):

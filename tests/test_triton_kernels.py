@@ -173,8 +173,10 @@ def test_a_whole_call_on_the_triton_path(dense, sink):
         advantages = advantages + 0.01 * torch.randn(mask.shape)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="advmon")  # a failed kernel would fall back with a warning
+        # Moved as an expand view: .to("cuda") of the view itself would copy it dense (and sketch it).
+        on_gpu = on_device(advantages) if dense else on_device(rewards).unsqueeze(-1).expand(mask.shape)
         with advmon.Monitor("triton", sinks=[sink]) as monitor, statistics_path("triton"):
-            monitor.observe(rewards=on_device(rewards), advantages=on_device(advantages), mask=on_device(mask),
+            monitor.observe(rewards=on_device(rewards), advantages=on_gpu, mask=on_device(mask),
                             groups=on_device(prompts))
     metrics = sink.records[-1].metrics
     keys = [tuple(row) for row in prompts.tolist()]
@@ -192,10 +194,10 @@ def test_the_triton_path_dispatches_few_torch_ops_at_any_size():
     """
     seen = []
     for rows, cols in ((128, 1024), (512, 4096)):
-        values = torch.randn(rows, cols)
-        mask = prefix_mask(torch.randint(0, cols + 1, (rows,)), cols)
+        values = on_device(torch.randn(rows, cols))  # moved before counting: the copies are the test's own
+        mask = on_device(prefix_mask(torch.randint(0, cols + 1, (rows,)), cols))
         with statistics_path("triton"), Dispatched() as dispatched:
-            tensor_part(on_device(values), on_device(mask))
+            tensor_part(values, mask)
         assert not dispatched.syncs
         seen.append(dispatched.ops)
     assert seen[0] == seen[1]
