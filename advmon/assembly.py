@@ -15,16 +15,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
+from advmon.exemplars import FIELDS as EXEMPLAR_FIELDS
+from advmon.exemplars import NOT_CHOSEN, REASONS
 from advmon.groups import merge_group_counts
-from advmon.observation import CallParts, Problem
+from advmon.observation import CallParts, GroupKeys, Problem
 from advmon.record import REWARD_KEYS, group_metrics, stage_metrics
 from advmon.stats import HostPart, pack, summarize
 
-__all__ = ["CORE_STAGES", "StepParts", "assemble", "collect", "combined_source", "gather_ranks", "record_problems"]
+__all__ = [
+    "CORE_STAGES",
+    "StepParts",
+    "assemble",
+    "collect",
+    "combined_source",
+    "exemplar_entries",
+    "gather_ranks",
+    "record_problems",
+    "worst_first",
+]
 
 #: Stages whose keys every record carries, in this order.
 CORE_STAGES = ("pre_norm", "post_norm")
@@ -39,6 +52,8 @@ class StepParts:
     estimator_metrics: dict[str, float] = field(default_factory=dict)
     estimators: list[str] = field(default_factory=list)
     sources: list[str | None] = field(default_factory=list)
+    #: Every call's worst groups (:func:`exemplar_entries`), ranked and cut to ``k`` by :func:`worst_first`.
+    exemplars: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -57,6 +72,7 @@ class StepParts:
             self.estimator_metrics.setdefault(key, value)  # the first (rank 0's) value wins
         self.estimators += other.estimators
         self.sources += other.sources
+        self.exemplars += other.exemplars
 
 
 def collect(calls: Sequence[CallParts]) -> StepParts:
@@ -69,6 +85,8 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
         if call.groups is not None:
             tensors.append(call.groups)
         tensors.extend(v for v in call.estimator_metrics.values() if isinstance(v, torch.Tensor))
+        if call.exemplars is not None:
+            tensors.append(call.exemplars)
     arrays = iter(pack(tensors))  # the record's one crossing to the host
 
     step = StepParts()
@@ -83,9 +101,47 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
         for key, value in call.estimator_metrics.items():
             number = float(next(arrays)[0]) if isinstance(value, torch.Tensor) else float(value)
             step.estimator_metrics[f"estimator/{key}"] = number
+        if call.exemplars is not None:
+            table = next(arrays).reshape(-1, call.exemplars.shape[1])
+            step.exemplars += exemplar_entries(table, call.exemplar_keys)
         step.estimators.append(call.estimator)
         step.sources.append(call.pre_norm_source)
     return step
+
+
+def exemplar_entries(table: np.ndarray, keys: GroupKeys) -> list[dict[str, Any]]:
+    """The record's exemplars from a call's worst-groups table (its last column names the group).
+
+    Example:
+        >>> row = [3, 16, 8, 8, 0, 0, 0.0, 1.0, 0.5, 2.5, 0, 0.94, float("nan")]
+        >>> entry = exemplar_entries(np.array([row]), GroupKeys("blocks", (8, 64)))[0]
+        >>> entry["group"], entry["reason"], entry["size"], entry["advantage_abs_max"]
+        ('samples 16-23', 'largest_abs_advantage', 8, 2.5)
+    """
+    entries = []
+    for row in table:
+        values = dict(zip(EXEMPLAR_FIELDS, row.tolist()))
+        reason = int(values.pop("reason"))
+        if reason == NOT_CHOSEN:
+            continue
+        first = int(values.pop("first_sample"))
+        entry: dict[str, Any] = {"group": keys.name(first, float(row[-1])), "reason": REASONS[reason]}
+        for name, value in values.items():
+            whole = name == "size" or name.endswith(("_count", "_samples"))
+            entry[name] = int(value) if whole else value
+        entries.append(entry)
+    return entries
+
+
+def worst_first(entries: Sequence[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """The ``k`` worst of a step's exemplars (calls and ranks merged), ranked as each call ranked its own."""
+
+    def badness(entry: dict[str, Any]) -> tuple[float, float, float]:
+        nonfinite = entry["reward_nan_count"] + entry["reward_inf_count"] + entry["advantage_nonfinite_samples"]
+        peak = entry["advantage_abs_max"]
+        return REASONS.index(entry["reason"]), -nonfinite, -(peak if peak == peak else -1.0)
+
+    return sorted(entries, key=badness)[:k]
 
 
 def gather_ranks(local: StepParts) -> StepParts | None:

@@ -99,6 +99,20 @@ def global_rank() -> int:
         return 0
 
 
+def checked_exemplars(exemplars: Any) -> int:
+    """How many worst groups a record keeps (0: none).
+
+    Example:
+        >>> checked_exemplars(-1)
+        Traceback (most recent call last):
+        ...
+        advmon.errors.AdvmonConfigError: exemplars must be an int >= 0 (0 turns them off), got -1
+    """
+    if isinstance(exemplars, bool) or not isinstance(exemplars, int) or exemplars < 0:
+        raise AdvmonConfigError(f"exemplars must be an int >= 0 (0 turns them off), got {exemplars!r}")
+    return exemplars
+
+
 def checked_range(reward_range: Any) -> tuple[float, float] | None:
     if reward_range is None:
         return None

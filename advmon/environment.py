@@ -110,6 +110,12 @@ def monitor_settings(environ: Mapping[str, str] | None = None, run: str | None =
     source = environ.get("ADVMON_STEP_SOURCE", "").strip()
     if source:
         settings["step_source"] = step_source_from(source)
+    text = environ.get("ADVMON_EXEMPLARS", "").strip()
+    if text:
+        try:
+            settings["exemplars"] = int(text)
+        except ValueError:
+            raise AdvmonConfigError(f"ADVMON_EXEMPLARS must be a whole number (0 turns them off), got {text!r}") from None
     settings["strict"] = flag(environ, "ADVMON_STRICT")
     settings["all_ranks"] = flag(environ, "ADVMON_ALL_RANKS")
     settings["per_process"] = flag(environ, "ADVMON_PER_PROCESS")

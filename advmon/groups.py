@@ -47,6 +47,7 @@ __all__ = [
     "group_ids",
     "group_statistics",
     "merge_group_counts",
+    "row_keys",
 ]
 
 #: Layout of the tensor returned by :func:`group_counts`.
@@ -185,6 +186,20 @@ def _column_weights(columns: int, device: torch.device) -> torch.Tensor:
         weights = torch.arange(1, columns + 1, dtype=torch.int64, device=device) * _GOLDEN
         _COLUMN_WEIGHTS[key] = (weights ^ (weights >> 29)) * _MIX | 1
     return _COLUMN_WEIGHTS[key]
+
+
+def row_keys(rows: torch.Tensor) -> torch.Tensor:
+    """A 48-bit key of each row of prompt token ids, as float64 (exact): its row hash's low bits.
+
+    Equal rows have equal keys on every device and path, so a group's key is stable
+    across steps and runs (for the same tokenizer).
+
+    Example:
+        >>> keys = row_keys(torch.tensor([[5, 6, 7], [5, 6, 7], [5, 7, 6]]))
+        >>> keys[0] == keys[1], keys[0] == keys[2], bool(keys.max() < 2 ** 48)
+        (tensor(True), tensor(False), True)
+    """
+    return (_row_hashes(rows) & 0xFFFFFFFFFFFF).to(torch.float64)
 
 
 def _hashable_group_ids(groups: Sequence[Any] | np.ndarray, batch_size: int) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 import advmon.assembly as assembly
 import advmon.lifecycle as lifecycle
 from advmon.configuration import (
+    checked_exemplars,
     checked_policy,
     checked_range,
     checked_run,
@@ -46,6 +47,7 @@ from advmon.observation import (
     tensor_part,
 )
 from advmon.record import Record
+from advmon.rules import Thresholds
 from advmon.sinks.base import SinkLike
 from advmon.sinks.jsonl import JsonlSink
 from advmon.sinks.specs import sinks_from_env, specs_from_env
@@ -94,6 +96,10 @@ class Monitor:
             ``"wandb-alert"``) or notifier objects. Runs on a delivery thread.
         alert_thresholds: overrides of the catalog's thresholds by name
             (``{"zero_std_ratio": 0.9}``; see ``docs/alerts.md``).
+        exemplars: how many of a step's worst prompt groups its record names
+            (``Record.exemplars``: non-finite first, then beyond the group bound,
+            then the largest |advantage|; docs/drilldown.md). 0 turns them off;
+            ``ADVMON_EXEMPLARS`` sets it for the process-wide monitor.
 
     Example:
         >>> import torch, tempfile, os
@@ -125,12 +131,16 @@ class Monitor:
         close_timeout: float = 10.0,
         alerts: Sequence[Any] | None = None,
         alert_thresholds: Mapping[str, float] | None = None,
+        exemplars: int = 5,
     ) -> None:
         if step_source is not None and not callable(step_source):
             raise AdvmonConfigError(f"step_source must be a callable returning the training step, got {step_source!r}")
         self.run = default_run_id() if run is None else checked_run(run)
         self.reward_range = checked_range(reward_range)
         self.strict = bool(strict)
+        self.exemplars = checked_exemplars(exemplars)
+        # The alerts' own bound decides which groups are "beyond" it.
+        self._bound_factor = Thresholds.with_overrides(alert_thresholds)["group_bound_factor"]
         self._lock = threading.RLock()
         self.rank = global_rank()
         if reduce not in ("none", "ranks"):
@@ -262,6 +272,8 @@ class Monitor:
                     reward_range=self.reward_range,
                     problems=problems,
                     rewards_expected=False,
+                    exemplars=self.exemplars,
+                    bound_factor=self._bound_factor,
                 )
         except ObservationError as error:
             self._report([error.problem])
@@ -408,6 +420,8 @@ class Monitor:
                     reward_range=self.reward_range,
                     problems=call.problems,
                     rewards_expected=names.rewards is not None,
+                    exemplars=self.exemplars,
+                    bound_factor=self._bound_factor,
                 )
         except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the estimator's
             call.problems.append(_internal_problem(exc))
@@ -515,6 +529,7 @@ class Monitor:
             estimator=",".join(dict.fromkeys(parts.estimators)),
             pre_norm_source=assembly.combined_source(parts.sources),
             metrics=metrics,
+            exemplars=assembly.worst_first(parts.exemplars, self.exemplars),
         )
 
     # ------------------------------------------------------------------ problems

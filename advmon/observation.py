@@ -7,6 +7,7 @@ monitor can record what it can and say what it could not.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,8 @@ import numpy as np
 import torch
 
 from advmon.devices import to_device, where_float64_works
-from advmon.groups import GroupsError, group_counts, group_ids, group_statistics
+from advmon.exemplars import RewardSegments, reward_segments, row_peaks, worst_groups
+from advmon.groups import GroupsError, group_counts, group_ids, group_statistics, row_keys
 from advmon.stats import EXACT_LIMIT, Part, dense_part, row_valid_counts, value_part
 
 __all__ = [
@@ -56,6 +58,43 @@ class CallParts:
     pre_norm_source: str | None = None
     groups: torch.Tensor | None = None
     estimator_metrics: dict[str, float | torch.Tensor] = field(default_factory=dict)
+    #: The worst groups (:func:`advmon.exemplars.worst_groups`, plus a ``key`` column), and how to name them.
+    exemplars: torch.Tensor | None = None
+    exemplar_keys: GroupKeys | None = None
+
+
+@dataclass(frozen=True)
+class GroupKeys:
+    """How an exemplar's group is named on the host, from the table's ``first_sample`` and ``key`` columns.
+
+    ``kind`` is ``items`` (the user's own keys, verl's uids: ``source`` holds them),
+    ``rows`` (a 48-bit hash of the prompt's token ids), ``ids`` (the group id
+    tensor's value) or ``blocks`` (``group_size`` samples in a row: ``source``
+    is ``(group_size, batch)``).
+
+    Example:
+        >>> GroupKeys("blocks", (8, 20)).name(16, float("nan")), GroupKeys("rows").name(0, 255.0)
+        ('samples 16-19', 'prompt-0000000000ff')
+    """
+
+    kind: str
+    source: Any = None
+
+    def name(self, first_sample: int, key: float) -> str:
+        if self.kind == "items":
+            return str(_item(self.source[first_sample]))
+        if self.kind == "rows":
+            return f"prompt-{int(key):012x}"
+        if self.kind == "ids":
+            return str(int(key)) if float(key).is_integer() else repr(float(key))
+        size, batch = self.source
+        return f"samples {first_sample}-{min(first_sample + size, batch) - 1}"
+
+
+def _item(item: Any) -> Any:
+    if isinstance(item, bytes):
+        return item.decode(errors="replace")
+    return item.item() if isinstance(item, np.generic) else item
 
 
 def as_tensor(value: Any, name: str) -> torch.Tensor | None:
@@ -134,13 +173,14 @@ def _result_metrics(result: Any) -> Any:
     return getattr(result, "metrics", None)
 
 
-def tensor_part(values: torch.Tensor, mask: torch.Tensor | None) -> Part:
+def tensor_part(values: torch.Tensor, mask: torch.Tensor | None, row_counts: torch.Tensor | None = None) -> Part:
     """Statistics part of an advantages-like tensor under the call's mask.
 
     ``[B]`` and ``[B, 1]`` tensors are per sequence (the mask does not apply).
     Otherwise positions where ``mask > 0`` count, or every position without a
     mask; a zero-stride ``expand`` view is summarised from its ``B`` distinct
-    values weighted by each row's number of valid positions.
+    values weighted by each row's number of valid positions (``row_counts``, when
+    the caller has them already: :func:`row_valid_counts` of the mask).
     """
     if values.dim() == 0:
         raise ObservationError("advantages_shape", "advantages are a scalar; expected [B] or [B, T]")
@@ -162,7 +202,7 @@ def tensor_part(values: torch.Tensor, mask: torch.Tensor | None) -> Part:
         if mask is None:
             weights = torch.full((rows,), float(values.shape[1]), dtype=torch.float64, device=values.device)
         else:
-            weights = row_valid_counts(mask)
+            weights = row_valid_counts(mask) if row_counts is None else row_counts
         return value_part(per_row, weights)
     width = values[0].numel() if rows else 0  # reshape(0, -1) is ambiguous for an empty batch
     flat = values.reshape(rows, width)
@@ -194,6 +234,11 @@ class InputObservation:
     group_ids: torch.Tensor | None = None
     groups: Any = None
     group_size: int | None = None
+    #: Exemplars wanted per call, and the multiple of the group bound that makes a group "beyond" it.
+    exemplars: int = 0
+    bound_factor: float = math.inf
+    segments: RewardSegments | None = None
+    row_counts: torch.Tensor | None = None  #: the mask's, once an expand view needed them
 
 
 def observe_inputs(
@@ -206,13 +251,18 @@ def observe_inputs(
     reward_range: tuple[float, float] | None,
     problems: list[Problem],
     rewards_expected: bool = True,
+    exemplars: int = 0,
+    bound_factor: float = math.inf,
 ) -> InputObservation:
     """Rewards, groups and the derived pre_norm of one call, from its inputs alone.
 
     Missing rewards are a problem for a watched estimator (its rewards argument
     was not found or was None), not for ``rewards_expected=False`` observations.
+    With ``exemplars`` > 0 the groups' reward values are kept for
+    :func:`observe_output`'s worst groups.
     """
-    seen = InputObservation(CallParts(estimator=estimator), groups=groups, group_size=group_size)
+    seen = InputObservation(CallParts(estimator=estimator), groups=groups, group_size=group_size,
+                            exemplars=exemplars, bound_factor=bound_factor)
     seen.mask = _attempt(problems, lambda: as_tensor(mask, "mask"))
     if rewards is not None or rewards_expected:
         seen.rewards = _attempt(problems, lambda: _rewards(rewards, seen.mask))
@@ -225,6 +275,8 @@ def observe_inputs(
     parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, reward_range)
     parts.stages["pre_norm"] = [value_part(pre_norm)]
     parts.pre_norm_source = "derived"
+    if exemplars > 0 and seen.group_ids is not None:
+        seen.segments = reward_segments(seen.rewards, seen.group_ids)
     return seen
 
 
@@ -243,10 +295,15 @@ def observe_output(
     parts.stages.update({stage: list(found) for stage, found in taps.items() if found})
     advantages_t = _attempt(problems, lambda: as_tensor(advantages, "advantages"))
     if advantages_t is not None and "post_norm" not in parts.stages:
-        post = _attempt(problems, lambda: tensor_part(advantages_t, seen.mask))
+        post = _attempt(problems, lambda: tensor_part(advantages_t, seen.mask, _expand_row_counts(seen, advantages_t)))
         if post is not None:
             parts.stages["post_norm"] = [post]
     batch = _batch_size(seen.rewards, advantages_t, problems)
+    if seen.segments is not None:
+        try:
+            _add_exemplars(seen, advantages_t)
+        except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
+            problems.append(Problem("exemplars", f"worst groups skipped: {type(exc).__name__}: {exc}"))
     if parts.groups is None and batch is not None:
         # Without rewards, groups can still be counted from the advantages' batch.
         ids = _attempt(problems, lambda: _group_ids(seen.groups, seen.group_size, batch, None))
@@ -266,6 +323,8 @@ def observe_call(
     reward_range: tuple[float, float] | None,
     problems: list[Problem],
     rewards_expected: bool = True,
+    exemplars: int = 0,
+    bound_factor: float = math.inf,
 ) -> CallParts:
     """Observe one call at once (inputs and output); see :func:`observe_inputs`."""
     seen = observe_inputs(
@@ -277,8 +336,59 @@ def observe_call(
         reward_range=reward_range,
         problems=problems,
         rewards_expected=rewards_expected,
+        exemplars=exemplars,
+        bound_factor=bound_factor,
     )
     return observe_output(seen, advantages=advantages, taps=taps, reward_range=reward_range, problems=problems)
+
+
+def _expand_row_counts(seen: InputObservation, advantages: torch.Tensor) -> torch.Tensor | None:
+    """The mask's row counts when the advantages are an expand view: one mask pass for the statistics and exemplars."""
+    mask = seen.mask
+    if mask is None or advantages.dim() != 2 or advantages.stride(1) != 0 or advantages.shape[1] == 1:
+        return None
+    if tuple(mask.shape) != tuple(advantages.shape):
+        return None  # tensor_part reports it
+    if seen.row_counts is None:
+        seen.row_counts = row_valid_counts(to_device(mask, advantages.device))
+    return seen.row_counts
+
+
+def _add_exemplars(seen: InputObservation, advantages: torch.Tensor | None) -> None:
+    """The call's worst groups and a ``key`` column to name them by (one more part of the transfer)."""
+    peaks = (None, None)
+    if advantages is not None and advantages.dim() in (1, 2) and advantages.shape[0] == seen.rewards.shape[0]:
+        mask = seen.mask
+        per_sequence = advantages.dim() == 1 or advantages.shape[1] == 1
+        if per_sequence or mask is None or tuple(mask.shape) == tuple(advantages.shape):
+            # (A mask of another shape was reported with the post-norm statistics: no peaks then.)
+            peaks = row_peaks(advantages, None if per_sequence or mask is None else to_device(mask, advantages.device),
+                              _expand_row_counts(seen, advantages))
+    table = worst_groups(seen.segments, *(to_device(p, seen.rewards.device) if p is not None else None for p in peaks),
+                         k=seen.exemplars, bound_factor=seen.bound_factor)
+    keys, key_column = _group_keys(seen, table[:, FIRST_SAMPLE].to(torch.long))
+    seen.parts.exemplars = torch.cat([table, key_column.unsqueeze(1)], dim=1)
+    seen.parts.exemplar_keys = keys
+
+
+#: Where :func:`advmon.exemplars.worst_groups` puts each group's first sample.
+FIRST_SAMPLE = 1
+
+
+def _group_keys(seen: InputObservation, first: torch.Tensor) -> tuple[GroupKeys, torch.Tensor]:
+    """How to name the chosen groups, and the numbers that name them (read on the device: no sync)."""
+    groups = seen.groups
+    nothing = torch.full(first.shape, math.nan, dtype=torch.float64, device=first.device)
+    if seen.group_size is not None:
+        return GroupKeys("blocks", (seen.group_size, seen.rewards.shape[0])), nothing
+    if isinstance(groups, np.ndarray) and groups.dtype.kind in "biuf":
+        groups = torch.from_numpy(groups)
+    if isinstance(groups, torch.Tensor):
+        chosen = to_device(groups.detach(), first.device)[first]
+        if chosen.dim() == 2:
+            return GroupKeys("rows"), row_keys(chosen)
+        return GroupKeys("ids"), chosen.to(torch.float64)
+    return GroupKeys("items", groups), nothing
 
 
 def _attempt(problems: list[Problem], compute):

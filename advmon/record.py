@@ -11,6 +11,9 @@ are the contract that sinks, dashboards and alerts rely on:
 * ``estimator/<name>`` for metrics the estimator reports itself;
 * ``advmon/internal_errors``: problems advmon met so far in this run.
 
+Beside the metrics, ``exemplars`` lists the step's worst prompt groups
+(``Monitor(exemplars=k)``; docs/drilldown.md), worst first.
+
 Unavailable values are ``nan`` in memory and ``null`` in JSON.
 """
 
@@ -49,10 +52,12 @@ class Record:
     estimator: str
     pre_norm_source: str | None
     metrics: dict[str, float] = field(default_factory=dict)
+    #: The step's worst groups, worst first: plain dicts (``group``, ``reason``, ``size``, rewards', advantages' values).
+    exemplars: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; NaN and infinities become ``None``."""
-        return {
+        """JSON-ready dict; NaN and infinities become ``None``. ``exemplars`` appears when there are any."""
+        data = {
             "run": self.run,
             "step": self.step,
             "time": self.time,
@@ -60,6 +65,12 @@ class Record:
             "pre_norm_source": self.pre_norm_source,
             "metrics": {key: _json_number(value) for key, value in self.metrics.items()},
         }
+        if self.exemplars:
+            data["exemplars"] = [
+                {key: _json_number(value) if isinstance(value, float) else value for key, value in entry.items()}
+                for entry in self.exemplars
+            ]
+        return data
 
     def to_json(self) -> str:
         """One line of JSON (strict: no NaN literals)."""
@@ -80,6 +91,10 @@ class Record:
             estimator=str(data.get("estimator", "")),
             pre_norm_source=data.get("pre_norm_source"),
             metrics=metrics,
+            exemplars=[
+                {key: math.nan if value is None else value for key, value in entry.items()}
+                for entry in data.get("exemplars") or []
+            ],
         )
 
 

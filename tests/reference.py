@@ -111,3 +111,63 @@ def assert_stats_close(got: dict, expected: dict, prefix: str = "", *, exact_per
             scale = max(abs(want), abs(expected.get("max", 0.0)), abs(expected.get("min", 0.0)), 1e-300)
             tolerance = 1e-12 if key in PERCENTILES else 1e-9
             assert abs(have - want) <= tolerance * scale, label
+
+
+EXEMPLAR_REASONS = ("nonfinite_rewards", "nonfinite_advantages", "beyond_bound", "largest_abs_advantage")
+
+
+def worst_groups(rewards, keys, advantages=None, mask=None, bound_factor=3.0) -> list[dict]:
+    """Every group worth naming, worst first, by docs/drilldown.md's rules, with Python loops.
+
+    ``advantages`` is ``[B]`` or ``[B, T]`` (under ``mask > 0``); each entry's
+    ``key`` is the group's key as ``keys`` gives it, ``first`` its first sample.
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    members: dict = {}
+    for i, key in enumerate(keys):
+        members.setdefault(key, []).append(i)
+    a = None if advantages is None else np.asarray(advantages, dtype=np.float64)
+    if a is not None and a.ndim == 2 and a.shape[1] == 1:
+        a = a[:, 0]
+    m = None if mask is None or a is None or a.ndim == 1 else np.asarray(mask, dtype=np.float64) > 0
+    entries = []
+    for key, samples in members.items():
+        values = r[samples]
+        finite = values[np.isfinite(values)]
+        peak, bad = -math.inf, 0
+        for i in samples if a is not None else ():
+            row = np.atleast_1d(a[i]) if a.ndim == 1 else a[i][m[i]] if m is not None else a[i]
+            if not np.all(np.isfinite(row)):
+                bad += 1  # a broken sample has no peak
+            elif row.size:
+                peak = max(peak, float(np.max(np.abs(row))))
+        peak = math.nan if peak == -math.inf else peak
+        size = len(samples)
+        ratio = peak / (size / math.sqrt(size - 1)) if size > 1 else math.nan
+        nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
+        if nan + inf:
+            reason = "nonfinite_rewards"
+        elif bad:
+            reason = "nonfinite_advantages"
+        elif ratio > bound_factor:
+            reason = "beyond_bound"
+        elif peak >= 0:
+            reason = "largest_abs_advantage"
+        else:
+            continue
+        entries.append({
+            "key": key, "first": samples[0], "reason": reason, "size": size,
+            "reward_finite_count": int(finite.size), "reward_nan_count": nan, "reward_inf_count": inf,
+            "reward_min": float(finite.min()) if finite.size else math.nan,
+            "reward_max": float(finite.max()) if finite.size else math.nan,
+            "reward_mean": float(finite.mean()) if finite.size else math.nan,
+            "advantage_abs_max": peak, "advantage_nonfinite_samples": bad, "advantage_bound_ratio": ratio,
+        })
+    return sorted(entries, key=exemplar_badness)
+
+
+def exemplar_badness(entry: dict) -> tuple:
+    """Worst first: the reason, then the most non-finite values, then the largest |advantage|."""
+    nonfinite = entry["reward_nan_count"] + entry["reward_inf_count"] + entry["advantage_nonfinite_samples"]
+    peak = entry["advantage_abs_max"]
+    return EXEMPLAR_REASONS.index(entry["reason"]), -nonfinite, -(peak if not math.isnan(peak) else -1.0)

@@ -1,0 +1,230 @@
+"""The worst prompt groups of a call: which groups an on-call engineer should look at first.
+
+Pure functions over tensors, on any device, with a fixed number of ops and nothing
+read back to the host: every group's values come from segments of samples sorted
+by group (``searchsorted`` for the bounds, ``segment_reduce`` for each segment on
+its own), the ranking is three stable sorts, and the ``k`` worst groups leave the
+device as one small ``[k, len(FIELDS)]`` float64 table inside the record's one
+transfer.
+
+Groups are ranked by why they were chosen, then by how bad they are:
+
+0. **non-finite**: a NaN or Inf reward, or a sample with a non-finite valid
+   advantage (most non-finite samples first);
+1. **beyond the bound**: the group's largest finite |post-norm advantage| is more
+   than ``bound_factor`` times ``G / sqrt(G - 1)``, the most any group-std
+   normalization of ``G`` samples allows;
+2. the largest finite |post-norm advantage|.
+
+A group with none of these (no advantages known, nothing non-finite) is not an
+exemplar.
+
+Example:
+    >>> import torch
+    >>> rewards = torch.tensor([1.0, float("nan"), 0.5, 0.5, 2.0, 0.0])
+    >>> ids = torch.tensor([0, 0, 1, 1, 2, 2])
+    >>> table = worst_groups(reward_segments(rewards, ids), torch.tensor([1.0, 0.0, 0.0, 0.0, 0.7, 0.7]),
+    ...                      torch.zeros(6), k=2, bound_factor=3.0)
+    >>> [REASONS[int(row[FIELDS.index("reason")])] for row in table.tolist()]
+    ['nonfinite_rewards', 'largest_abs_advantage']
+    >>> [int(row[FIELDS.index("first_sample")]) for row in table.tolist()]
+    [0, 4]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from advmon.devices import sync_free
+from advmon.stats import row_valid_counts
+
+__all__ = ["FIELDS", "REASONS", "RewardSegments", "reward_segments", "row_peaks", "worst_groups"]
+
+#: Why a group was chosen, by its ``reason`` code; ``NOT_CHOSEN`` rows are dropped on the host.
+REASONS = ("nonfinite_rewards", "nonfinite_advantages", "beyond_bound", "largest_abs_advantage")
+NOT_CHOSEN = len(REASONS)
+#: Columns of :func:`worst_groups`' table.
+FIELDS = (
+    "reason",
+    "first_sample",  #: the group's first sample in the batch: where its key is read
+    "size",
+    "reward_finite_count",
+    "reward_nan_count",
+    "reward_inf_count",
+    "reward_min",
+    "reward_max",
+    "reward_mean",
+    "advantage_abs_max",
+    "advantage_nonfinite_samples",
+    "advantage_bound_ratio",
+)
+_COLUMN = {name: i for i, name in enumerate(FIELDS)}
+#: Dense values reduced per row at once, off the CPU (bounds a chunk's temporaries as the sketch does).
+_DEVICE_CHUNK = 1 << 24
+#: On the CPU: rows a chunk holds stay in cache.
+_CPU_CHUNK = 1 << 16
+
+
+class RewardSegments(NamedTuple):
+    """A call's groups as segments of samples sorted by group, with their reward values (one slot each)."""
+
+    order: torch.Tensor  #: sample indices sorted by group (stable: the first of a segment is its first sample)
+    bounds: torch.Tensor  #: slot ``s`` is ``order[bounds[s]:bounds[s + 1]]``; empty past the last group
+    size: torch.Tensor
+    finite: torch.Tensor
+    nan: torch.Tensor
+    inf: torch.Tensor
+    min: torch.Tensor
+    max: torch.Tensor
+    mean: torch.Tensor
+
+
+def reward_segments(rewards: torch.Tensor, ids: torch.Tensor) -> RewardSegments:
+    """Every group's reward values, taken before the estimator runs (it may change rewards in place).
+
+    ``ids`` are dense group ids in ``[0, B)`` (:func:`advmon.groups.group_ids`).
+    """
+    rewards = rewards.to(torch.float64)
+    count = rewards.shape[0]
+    order = torch.argsort(ids, stable=True)
+    group_of = ids[order]
+    slots = torch.arange(count + 1, device=ids.device)
+    bounds = torch.searchsorted(group_of, slots)  # ids are dense: slot s holds group s
+    ordered = rewards[order]
+    finite = torch.isfinite(ordered)
+    nan = torch.isnan(ordered)
+
+    def per_slot(values: torch.Tensor, reduce: str, initial: float) -> torch.Tensor:
+        # unsafe=True skips segment_reduce's argument checks, which read values back to the host.
+        return torch.segment_reduce(values, reduce, offsets=bounds, unsafe=True, initial=initial)
+
+    finite_count = per_slot(finite.to(torch.float64), "sum", 0.0)
+    low = per_slot(ordered.masked_fill(~finite, math.inf), "min", math.inf)
+    high = per_slot(ordered.masked_fill(~finite, -math.inf), "max", -math.inf)
+    # Sums of reward - group minimum: a group of equal rewards has its value as its mean, exactly.
+    above = per_slot((ordered - low[group_of]).masked_fill(~finite, 0.0), "sum", 0.0)
+    size = bounds.diff().to(torch.float64)
+    nan_count = per_slot(nan.to(torch.float64), "sum", 0.0)
+    return RewardSegments(
+        order=order,
+        bounds=bounds,
+        size=size,
+        finite=finite_count,
+        nan=nan_count,
+        inf=size - finite_count - nan_count,
+        min=low,
+        max=high,
+        mean=low + above / finite_count,
+    )
+
+
+def row_peaks(
+    values: torch.Tensor, mask: torch.Tensor | None, row_counts: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample: the largest |advantage| at a valid position, and whether one is non-finite.
+
+    ``values`` is ``[B]``, ``[B, 1]`` (per sequence: the mask does not apply) or
+    ``[B, T]`` under ``mask > 0`` (every position without one). Returns float64
+    ``(abs_max, nonfinite)``: 1.0 where a sample has a NaN or Inf at a valid
+    position, and then ``abs_max`` is ``-inf`` (a broken sample has no peak), as
+    it is for a sample without valid positions. Dense rows take one ``aminmax``
+    pass, in cache-sized row chunks on the CPU. For an expand view,
+    ``row_counts`` (the mask's :func:`~advmon.stats.row_valid_counts`) saves a pass.
+
+    Example:
+        >>> row_peaks(torch.tensor([[1.0, -3.0, 9.0], [float("nan"), 2.0, 0.0]]), torch.tensor([[1, 1, 0], [1, 1, 1]]))
+        (tensor([3., -inf], dtype=torch.float64), tensor([0., 1.], dtype=torch.float64))
+    """
+    if values.dim() == 1 or (values.dim() == 2 and values.shape[1] == 1):
+        return _peaks_of(values.reshape(-1), None)
+    rows = values.shape[0]
+    if values.stride(1) == 0:  # an expand view: one value per row, valid where the row has a valid position
+        valid = None if mask is None else (row_valid_counts(mask) if row_counts is None else row_counts) > 0
+        return _peaks_of(values[:, 0], valid)
+    flat = values.reshape(rows, -1)
+    valid_mask = None if mask is None else mask.reshape(rows, -1)
+    peak = torch.empty(rows, dtype=values.dtype if values.is_floating_point() else torch.float64, device=values.device)
+    has_valid = torch.ones(rows, dtype=torch.bool, device=values.device) if flat.shape[1] else torch.zeros(
+        rows, dtype=torch.bool, device=values.device)
+    chunk = _DEVICE_CHUNK if sync_free(values) else _CPU_CHUNK
+    step = max(1, chunk // max(flat.shape[1], 1))
+    for start in range(0, rows, step if flat.shape[1] else rows + 1):
+        block = flat[start : start + step]
+        if valid_mask is not None:
+            valid = valid_mask[start : start + step] > 0
+            has_valid[start : start + step] = valid.any(dim=1)
+            block = torch.where(valid, block, 0)
+        # One pass: a NaN or an infinity in a row makes its extremes, so its peak, non-finite.
+        low, high = torch.aminmax(block, dim=1)
+        torch.maximum(high, -low, out=peak[start : start + step])
+    peak = peak.to(torch.float64)
+    nonfinite = ~torch.isfinite(peak) & has_valid
+    abs_max = peak.masked_fill(nonfinite | ~has_valid, -math.inf)
+    return abs_max, nonfinite.to(torch.float64)
+
+
+def _peaks_of(values: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    values = values.to(torch.float64)
+    finite = torch.isfinite(values)
+    usable = finite if valid is None else finite & valid
+    bad = ~finite if valid is None else valid & ~finite
+    return values.abs().masked_fill(~usable, -math.inf), bad.to(torch.float64)
+
+
+def worst_groups(
+    segments: RewardSegments,
+    abs_max: torch.Tensor | None,
+    nonfinite: torch.Tensor | None,
+    k: int,
+    bound_factor: float,
+) -> torch.Tensor:
+    """The ``k`` worst groups as a ``[min(k, B), len(FIELDS)]`` float64 table, worst first.
+
+    ``abs_max`` and ``nonfinite`` are :func:`row_peaks` of the call's post-norm
+    advantages (``None`` without them). Rows whose ``reason`` is ``NOT_CHOSEN``
+    are empty slots or groups with nothing to show.
+    """
+    order, bounds = segments.order, segments.bounds
+    slots = segments.size.shape[0]
+    if abs_max is None or nonfinite is None:
+        peak = torch.full((slots,), math.nan, dtype=torch.float64, device=order.device)
+        bad = torch.zeros(slots, dtype=torch.float64, device=order.device)
+    else:
+        peak = torch.segment_reduce(abs_max.to(torch.float64)[order], "max", offsets=bounds, unsafe=True,
+                                    initial=-math.inf)
+        bad = torch.segment_reduce(nonfinite.to(torch.float64)[order], "sum", offsets=bounds, unsafe=True, initial=0.0)
+        peak = peak.masked_fill(peak == -math.inf, math.nan)  # no finite advantage in the group
+    size = segments.size
+    # nan for groups of one (no bound: one sample normalizes to nothing) and without advantages.
+    ratio = (peak / (size / torch.sqrt(size - 1))).masked_fill(size < 2, math.nan)
+    reward_bad = segments.nan + segments.inf
+    reason = torch.full((slots,), float(NOT_CHOSEN), dtype=torch.float64, device=order.device)
+    reason = reason.masked_fill(peak >= 0, float(REASONS.index("largest_abs_advantage")))
+    reason = reason.masked_fill(ratio > bound_factor, float(REASONS.index("beyond_bound")))
+    reason = reason.masked_fill(bad > 0, float(REASONS.index("nonfinite_advantages")))
+    reason = reason.masked_fill(reward_bad > 0, float(REASONS.index("nonfinite_rewards")))
+    reason = reason.masked_fill(size == 0, float(NOT_CHOSEN))
+    # Worst first: by the largest |A|, then (one whole-number key, exact in int64) by reason and most
+    # non-finite values; stable sorts, the last key first.
+    ranked = torch.argsort(torch.nan_to_num(peak, nan=-1.0), descending=True, stable=True)
+    primary = reason.to(torch.int64) * (2 * slots + 1) - (reward_bad + bad).to(torch.int64)
+    ranked = ranked[torch.argsort(primary[ranked], stable=True)][: min(k, slots)]
+    first = order[bounds[:-1].clamp(max=max(order.shape[0] - 1, 0))].to(torch.float64)
+    columns = {
+        "reason": reason,
+        "first_sample": first,
+        "size": size,
+        "reward_finite_count": segments.finite,
+        "reward_nan_count": segments.nan,
+        "reward_inf_count": segments.inf,
+        "reward_min": segments.min.masked_fill(segments.finite == 0, math.nan),
+        "reward_max": segments.max.masked_fill(segments.finite == 0, math.nan),
+        "reward_mean": segments.mean,
+        "advantage_abs_max": peak,
+        "advantage_nonfinite_samples": bad,
+        "advantage_bound_ratio": ratio,
+    }
+    return torch.stack([columns[name][ranked] for name in FIELDS], dim=1)

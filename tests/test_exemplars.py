@@ -1,0 +1,184 @@
+"""Worst-group exemplars: every field against a NumPy reference, on the CPU and device paths, through a record."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import advmon
+from advmon.devices import statistics_path
+from advmon.groups import row_keys
+
+from .dispatch import Dispatched
+from .reference import exemplar_badness, worst_groups
+from .sketches import prefix_mask
+
+NUMBERS = ("reward_finite_count", "reward_nan_count", "reward_inf_count", "reward_min", "reward_max",
+           "advantage_abs_max", "advantage_nonfinite_samples", "advantage_bound_ratio", "size")
+
+
+def assert_same_worst(got: list[dict], expected: list[dict], k: int, name_of) -> None:
+    """advmon's exemplars are the reference's k worst (ties may be cut either way), each field equal."""
+    assert len(got) == min(k, len(expected)), (got, expected)
+    by_name = {name_of(entry): entry for entry in expected}
+    for entry in got:
+        want = by_name[entry["group"]]
+        assert entry["reason"] == want["reason"], (entry, want)
+        for field in NUMBERS:
+            have, ref = entry[field], want[field]
+            assert (math.isnan(have) and math.isnan(ref)) or have == pytest.approx(ref, rel=1e-12, abs=0), (field, entry, want)
+        assert entry["reward_mean"] == pytest.approx(want["reward_mean"], rel=1e-12, abs=1e-15, nan_ok=True)
+    assert [exemplar_badness(e) for e in got] == [exemplar_badness(e) for e in expected[: len(got)]]
+
+
+def batch(seed: int, groups: int = 12, size: int = 4, width: int = 16):
+    """A GRPO-shaped batch with one NaN reward, one Inf reward, one singleton-sized outlier and ties to break."""
+    rng = np.random.default_rng(seed)
+    rewards = rng.random(groups * size)
+    rewards[size * 2 + 1] = math.nan
+    rewards[size * 5] = math.inf
+    rewards[size * 7 : size * 8] = 0.25  # a zero-std group
+    lengths = rng.integers(1, width + 1, groups * size)
+    return torch.from_numpy(rewards), prefix_mask(lengths, width)
+
+
+def grpo(rewards: torch.Tensor, mask: torch.Tensor, size: int) -> torch.Tensor:
+    grouped = rewards.view(-1, size)
+    return ((grouped - grouped.nanmean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).reshape(-1, 1)
+
+
+@pytest.mark.parametrize("path", ["cpu", "torch", "triton"])
+@pytest.mark.parametrize("layout", ["expand-view", "dense-prefix", "dense-random-mask", "per-sequence"])
+@pytest.mark.parametrize("keys", ["uids", "uid-array", "prompt-rows", "id-tensor", "group-size"])
+def test_exemplars_match_numpy(path, layout, keys, sink):
+    size, groups, width = 4, 12, 16
+    rewards, mask = batch(3, groups, size, width)
+    rng = np.random.default_rng(4)
+    per_sequence = grpo(rewards, mask, size)
+    if layout == "expand-view":
+        advantages = per_sequence.float().expand(mask.shape)
+    elif layout == "per-sequence":
+        advantages = per_sequence[:, 0].float()
+    else:
+        if layout == "dense-random-mask":
+            mask = torch.from_numpy((rng.random(mask.shape) < 0.5).astype(np.float32))
+        advantages = (per_sequence + torch.from_numpy(rng.normal(0, 0.3, mask.shape))).float()
+        advantages[9, 0] = math.nan  # inside the mask (every row's first position is valid in a prefix mask)
+        advantages[13, width - 1] = math.inf
+        advantages[20, 3] = 40.0  # beyond 3 x the bound of a group of 4 (2.31)
+    ids = np.arange(groups * size) // size
+    prompts = torch.from_numpy(np.random.default_rng(5).integers(0, 50, (groups, 6))).repeat_interleave(size, 0)
+    grouping = {
+        "uids": dict(groups=[f"uid-{i}" for i in ids]),
+        "uid-array": dict(groups=np.array([f"uid-{i}" for i in ids], dtype=object)),
+        "prompt-rows": dict(groups=prompts),
+        "id-tensor": dict(groups=torch.from_numpy(ids * 10 + 7)),
+        "group-size": dict(group_size=size),
+    }[keys]
+    names = {
+        "uids": lambda e: f"uid-{e['key']}", "uid-array": lambda e: f"uid-{e['key']}",
+        "prompt-rows": lambda e: f"prompt-{int(row_keys(prompts[e['first']][None])[0]):012x}",
+        "id-tensor": lambda e: str(e["key"] * 10 + 7),
+        "group-size": lambda e: f"samples {e['first']}-{e['first'] + size - 1}",
+    }[keys]
+    with advmon.Monitor("exemplars", sinks=[sink], exemplars=5) as monitor, statistics_path(path):
+        monitor.observe(rewards=rewards, advantages=advantages, mask=mask, **grouping)
+    record = sink.records[-1]
+    expected = worst_groups(rewards.numpy(), list(ids), advantages.numpy(), mask.numpy())
+    assert_same_worst(record.exemplars, expected, 5, names)
+    assert record.exemplars[0]["reason"] == "nonfinite_rewards"
+    again = advmon.Record.from_json(record.to_json())
+    assert json.loads(record.to_json())["exemplars"][0]["group"] == record.exemplars[0]["group"]
+    assert len(again.exemplars) == len(record.exemplars)
+
+
+def test_zero_turns_them_off_and_the_record_has_no_key(sink):
+    rewards, mask = batch(6)
+    with advmon.Monitor("off", sinks=[sink], exemplars=0) as monitor:
+        monitor.observe(rewards=rewards, advantages=grpo(rewards, mask, 4), group_size=4)
+    assert sink.records[-1].exemplars == [] and "exemplars" not in json.loads(sink.records[-1].to_json())
+    with pytest.raises(advmon.AdvmonConfigError, match="exemplars must be an int >= 0"):
+        advmon.Monitor("bad", sinks=[], exemplars=-2)
+
+
+def test_a_steps_calls_are_merged_and_cut_to_k(sink):
+    rewards, mask = batch(7)
+    second = rewards.clone()
+    second[0] = -math.inf  # a second call's worst group
+    with advmon.Monitor("merged", sinks=[sink], exemplars=3) as monitor, monitor.step(1):
+        for r, prefix in ((rewards, "a"), (second, "b")):
+            monitor.observe(rewards=r, advantages=grpo(r, mask, 4), groups=[f"{prefix}{i // 4}" for i in range(48)])
+    got = sink.records[-1].exemplars
+    keys = [f"a{i // 4}" for i in range(48)] + [f"b{i // 4}" for i in range(48)]
+    both = torch.cat([rewards, second])
+    advantages = torch.cat([grpo(rewards, mask, 4), grpo(second, mask, 4)])
+    assert_same_worst(got, worst_groups(both.numpy(), keys, advantages.numpy()), 3, lambda e: e["key"])
+
+
+def test_a_failure_in_the_exemplars_keeps_the_statistics(sink, monkeypatch):
+    import advmon.observation
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(advmon.observation, "worst_groups", broken)
+    rewards, mask = batch(8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with advmon.Monitor("broken", sinks=[sink]) as monitor:
+            monitor.observe(rewards=rewards, advantages=grpo(rewards, mask, 4), group_size=4)
+    record = sink.records[-1]
+    assert record.exemplars == [] and record.metrics["rewards/nan_count"] == 1.0
+    assert record.metrics["advmon/internal_errors"] == 1.0
+    assert any("worst groups skipped: RuntimeError: boom" in str(w.message) for w in caught)
+
+
+def test_exemplars_on_the_device_path_read_nothing_back(sink):
+    rewards, mask = batch(9)
+    prompts = torch.randint(0, 50, (12, 6)).repeat_interleave(4, 0)
+    dense = (grpo(rewards, mask, 4) + 0.1 * torch.randn(mask.shape)).float()
+    with advmon.Monitor("device", sinks=[sink]) as monitor, statistics_path("torch"):
+        with Dispatched() as seen:
+            monitor.observe(rewards=rewards, advantages=dense, mask=mask, groups=prompts)
+    assert seen.syncs == [] and sink.records[-1].exemplars
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_exemplars_of_any_batch_match_numpy(data):
+    sizes = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=8))
+    count = sum(sizes)
+    special = st.sampled_from([math.nan, math.inf, -math.inf, 0.0, 1.0, 1e300])
+    reward_values = data.draw(st.lists(st.one_of(st.floats(-10, 10), special), min_size=count, max_size=count))
+    advantage_values = data.draw(st.lists(st.one_of(st.floats(-100, 100), special), min_size=count * 3, max_size=count * 3))
+    valid = data.draw(st.lists(st.booleans(), min_size=count * 3, max_size=count * 3))
+    k = data.draw(st.integers(1, 6))
+    path = data.draw(st.sampled_from(["cpu", "torch"]))
+    keys = [f"g{g}" for g, n in enumerate(sizes) for _ in range(n)]
+    rewards = torch.tensor(reward_values, dtype=torch.float64)
+    advantages = torch.tensor(advantage_values, dtype=torch.float64).view(count, 3)
+    mask = torch.tensor(valid).view(count, 3)
+
+    class Kept(advmon.Sink):
+        name, synchronous = "kept", True
+
+        def __init__(self):
+            self.records = []
+
+        def write(self, record):
+            self.records.append(record)
+
+    sink = Kept()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an all-invalid mask warns; the exemplars still come
+        with advmon.Monitor("any", sinks=[sink], exemplars=k) as monitor, statistics_path(path):
+            monitor.observe(rewards=rewards, advantages=advantages, mask=mask, groups=keys)
+    expected = worst_groups(rewards.numpy(), keys, advantages.numpy(), mask.numpy())
+    assert_same_worst(sink.records[-1].exemplars, expected, k, lambda e: e["key"])
