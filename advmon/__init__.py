@@ -61,6 +61,7 @@ def watch(
     mask: str | None = "mask",
     groups: str | None = "prompt_ids",
     group_size: int | None = None,
+    slices: str | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -71,13 +72,14 @@ def watch(
     mask: str | None = "mask",
     groups: str | None = "prompt_ids",
     group_size: int | None = None,
+    slices: str | None = None,
 ) -> F | Callable[[F], F]:
     """Like :meth:`Monitor.watch`, on the process-wide monitor :func:`get_monitor`.
 
     The monitor is looked up at each call, so :func:`set_monitor` after
     decoration still takes effect.
     """
-    names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size)
+    names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices)
 
     def decorate(function: F) -> F:
         return _watch_with(function, None, names)

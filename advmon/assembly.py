@@ -24,7 +24,8 @@ from advmon.exemplars import FIELDS as EXEMPLAR_FIELDS
 from advmon.exemplars import NOT_CHOSEN, REASONS
 from advmon.groups import merge_group_counts
 from advmon.observation import CallParts, GroupKeys, Problem
-from advmon.record import REWARD_KEYS, group_metrics, stage_metrics
+from advmon.record import REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
+from advmon.slices import SLICE_FIELDS
 from advmon.stats import HostPart, pack, summarize
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "worst_first",
 ]
 
+_ABS_MAX = SLICE_FIELDS.index("advantage_abs_max")
 #: Stages whose keys every record carries, in this order.
 CORE_STAGES = ("pre_norm", "post_norm")
 
@@ -54,6 +56,8 @@ class StepParts:
     sources: list[str | None] = field(default_factory=list)
     #: Every call's worst groups (:func:`exemplar_entries`), ranked and cut to ``k`` by :func:`worst_first`.
     exemplars: list[dict[str, Any]] = field(default_factory=list)
+    #: Per-slice sums (:data:`advmon.slices.SLICE_FIELDS`) by slice name, merged over calls and ranks.
+    slices: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -73,6 +77,17 @@ class StepParts:
         self.estimators += other.estimators
         self.sources += other.sources
         self.exemplars += other.exemplars
+        for name, row in other.slices.items():
+            self.add_slice(name, row)
+
+    def add_slice(self, name: str, row: np.ndarray) -> None:
+        """Add one call's sums of a slice: counts and sums add up, the largest |advantage| is a maximum."""
+        if name not in self.slices:
+            self.slices[name] = row.copy()
+            return
+        merged = self.slices[name] + row
+        merged[_ABS_MAX] = np.fmax(self.slices[name][_ABS_MAX], row[_ABS_MAX])
+        self.slices[name] = merged
 
 
 def collect(calls: Sequence[CallParts]) -> StepParts:
@@ -87,6 +102,8 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
         tensors.extend(v for v in call.estimator_metrics.values() if isinstance(v, torch.Tensor))
         if call.exemplars is not None:
             tensors.append(call.exemplars)
+        if call.slices is not None:
+            tensors.append(call.slices)
     arrays = iter(pack(tensors))  # the record's one crossing to the host
 
     step = StepParts()
@@ -103,13 +120,21 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
             step.estimator_metrics[f"estimator/{key}"] = number
         if call.exemplars is not None:
             table = next(arrays).reshape(-1, call.exemplars.shape[1])
-            step.exemplars += exemplar_entries(table, call.exemplar_keys)
+            slice_of = None
+            if call.sample_slices is not None:
+                slice_of = [call.slice_names[slot] for slot in call.sample_slices]
+            step.exemplars += exemplar_entries(table, call.exemplar_keys, slice_of)
+        if call.slices is not None:
+            table = next(arrays).reshape(-1, len(SLICE_FIELDS))
+            for name, row in zip(call.slice_names, table):
+                if name is not None and row[0] > 0:  # samples of this slice in this call
+                    step.add_slice(name, row)
         step.estimators.append(call.estimator)
         step.sources.append(call.pre_norm_source)
     return step
 
 
-def exemplar_entries(table: np.ndarray, keys: GroupKeys) -> list[dict[str, Any]]:
+def exemplar_entries(table: np.ndarray, keys: GroupKeys, slice_of: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """The record's exemplars from a call's worst-groups table (its last column names the group).
 
     Example:
@@ -126,6 +151,8 @@ def exemplar_entries(table: np.ndarray, keys: GroupKeys) -> list[dict[str, Any]]
             continue
         first = int(values.pop("first_sample"))
         entry: dict[str, Any] = {"group": keys.name(first, float(row[-1])), "reason": REASONS[reason]}
+        if slice_of is not None:
+            entry["slice"] = slice_of[first]  # the slice of the group's first sample
         for name, value in values.items():
             whole = name == "size" or name.endswith(("_count", "_samples"))
             entry[name] = int(value) if whole else value
@@ -187,6 +214,8 @@ def assemble(summaries: dict[str, dict[str, float]], step: StepParts,
     totals = None if step.group_totals is None else step.group_totals.tolist()
     metrics.update(group_metrics(totals, reward_range))
     metrics.update(step.estimator_metrics)
+    for name in sorted(step.slices):
+        metrics.update(slice_metrics(name, step.slices[name]))
     return metrics
 
 

@@ -113,6 +113,13 @@ def checked_exemplars(exemplars: Any) -> int:
     return exemplars
 
 
+def checked_max_slices(max_slices: Any) -> int:
+    """How many slice labels keep their own keys in a run (the rest are folded into ``other``)."""
+    if isinstance(max_slices, bool) or not isinstance(max_slices, int) or max_slices < 1:
+        raise AdvmonConfigError(f"max_slices must be an int >= 1, got {max_slices!r}")
+    return max_slices
+
+
 def checked_range(reward_range: Any) -> tuple[float, float] | None:
     if reward_range is None:
         return None

@@ -38,10 +38,8 @@ from typing import NamedTuple
 
 import torch
 
-from advmon.devices import sync_free
-from advmon.stats import row_valid_counts
 
-__all__ = ["FIELDS", "REASONS", "RewardSegments", "reward_segments", "row_peaks", "worst_groups"]
+__all__ = ["FIELDS", "REASONS", "RewardSegments", "reward_segments", "worst_groups"]
 
 #: Why a group was chosen, by its ``reason`` code; ``NOT_CHOSEN`` rows are dropped on the host.
 REASONS = ("nonfinite_rewards", "nonfinite_advantages", "beyond_bound", "largest_abs_advantage")
@@ -62,10 +60,6 @@ FIELDS = (
     "advantage_bound_ratio",
 )
 _COLUMN = {name: i for i, name in enumerate(FIELDS)}
-#: Dense values reduced per row at once, off the CPU (bounds a chunk's temporaries as the sketch does).
-_DEVICE_CHUNK = 1 << 24
-#: On the CPU: rows a chunk holds stay in cache.
-_CPU_CHUNK = 1 << 16
 
 
 class RewardSegments(NamedTuple):
@@ -121,59 +115,6 @@ def reward_segments(rewards: torch.Tensor, ids: torch.Tensor) -> RewardSegments:
     )
 
 
-def row_peaks(
-    values: torch.Tensor, mask: torch.Tensor | None, row_counts: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sample: the largest |advantage| at a valid position, and whether one is non-finite.
-
-    ``values`` is ``[B]``, ``[B, 1]`` (per sequence: the mask does not apply) or
-    ``[B, T]`` under ``mask > 0`` (every position without one). Returns float64
-    ``(abs_max, nonfinite)``: 1.0 where a sample has a NaN or Inf at a valid
-    position, and then ``abs_max`` is ``-inf`` (a broken sample has no peak), as
-    it is for a sample without valid positions. Dense rows take one ``aminmax``
-    pass, in cache-sized row chunks on the CPU. For an expand view,
-    ``row_counts`` (the mask's :func:`~advmon.stats.row_valid_counts`) saves a pass.
-
-    Example:
-        >>> row_peaks(torch.tensor([[1.0, -3.0, 9.0], [float("nan"), 2.0, 0.0]]), torch.tensor([[1, 1, 0], [1, 1, 1]]))
-        (tensor([3., -inf], dtype=torch.float64), tensor([0., 1.], dtype=torch.float64))
-    """
-    if values.dim() == 1 or (values.dim() == 2 and values.shape[1] == 1):
-        return _peaks_of(values.reshape(-1), None)
-    rows = values.shape[0]
-    if values.stride(1) == 0:  # an expand view: one value per row, valid where the row has a valid position
-        valid = None if mask is None else (row_valid_counts(mask) if row_counts is None else row_counts) > 0
-        return _peaks_of(values[:, 0], valid)
-    flat = values.reshape(rows, -1)
-    valid_mask = None if mask is None else mask.reshape(rows, -1)
-    peak = torch.empty(rows, dtype=values.dtype if values.is_floating_point() else torch.float64, device=values.device)
-    has_valid = torch.ones(rows, dtype=torch.bool, device=values.device) if flat.shape[1] else torch.zeros(
-        rows, dtype=torch.bool, device=values.device)
-    chunk = _DEVICE_CHUNK if sync_free(values) else _CPU_CHUNK
-    step = max(1, chunk // max(flat.shape[1], 1))
-    for start in range(0, rows, step if flat.shape[1] else rows + 1):
-        block = flat[start : start + step]
-        if valid_mask is not None:
-            valid = valid_mask[start : start + step] > 0
-            has_valid[start : start + step] = valid.any(dim=1)
-            block = torch.where(valid, block, 0)
-        # One pass: a NaN or an infinity in a row makes its extremes, so its peak, non-finite.
-        low, high = torch.aminmax(block, dim=1)
-        torch.maximum(high, -low, out=peak[start : start + step])
-    peak = peak.to(torch.float64)
-    nonfinite = ~torch.isfinite(peak) & has_valid
-    abs_max = peak.masked_fill(nonfinite | ~has_valid, -math.inf)
-    return abs_max, nonfinite.to(torch.float64)
-
-
-def _peaks_of(values: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    values = values.to(torch.float64)
-    finite = torch.isfinite(values)
-    usable = finite if valid is None else finite & valid
-    bad = ~finite if valid is None else valid & ~finite
-    return values.abs().masked_fill(~usable, -math.inf), bad.to(torch.float64)
-
-
 def worst_groups(
     segments: RewardSegments,
     abs_max: torch.Tensor | None,
@@ -183,8 +124,8 @@ def worst_groups(
 ) -> torch.Tensor:
     """The ``k`` worst groups as a ``[min(k, B), len(FIELDS)]`` float64 table, worst first.
 
-    ``abs_max`` and ``nonfinite`` are :func:`row_peaks` of the call's post-norm
-    advantages (``None`` without them). Rows whose ``reason`` is ``NOT_CHOSEN``
+    ``abs_max`` and ``nonfinite`` are :func:`~advmon.row_summaries.row_summaries`
+    of the call's post-norm advantages (``None`` without them). Rows whose ``reason`` is ``NOT_CHOSEN``
     are empty slots or groups with nothing to show.
     """
     order, bounds = segments.order, segments.bounds

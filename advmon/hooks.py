@@ -48,9 +48,11 @@ class ArgumentNames:
     mask: str | None = "mask"
     groups: str | None = "prompt_ids"
     group_size: int | None = None
+    #: The parameter holding per-sample slice labels (``data_source``); ``None``: no slices.
+    slices: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("rewards", "mask", "groups"):
+        for name in ("rewards", "mask", "groups", "slices"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.isidentifier()):
                 raise AdvmonConfigError(f"argument name for {name} must be an identifier or None, got {value!r}")
@@ -289,7 +291,8 @@ def _bind(
         return arguments[name] if name in arguments else extra.get(name)
 
     owner = arguments.get("self", owner)
-    inputs = {"rewards": lookup(names.rewards), "mask": lookup(names.mask), "groups": lookup(names.groups)}
+    inputs = {"rewards": lookup(names.rewards), "mask": lookup(names.mask), "groups": lookup(names.groups),
+              "slices": lookup(names.slices)}
     return inputs, owner
 
 

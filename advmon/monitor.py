@@ -22,6 +22,7 @@ import advmon.assembly as assembly
 import advmon.lifecycle as lifecycle
 from advmon.configuration import (
     checked_exemplars,
+    checked_max_slices,
     checked_policy,
     checked_range,
     checked_run,
@@ -48,6 +49,7 @@ from advmon.observation import (
 )
 from advmon.record import Record
 from advmon.rules import Thresholds
+from advmon.slices import SliceIndex
 from advmon.sinks.base import SinkLike
 from advmon.sinks.jsonl import JsonlSink
 from advmon.sinks.specs import sinks_from_env, specs_from_env
@@ -100,6 +102,9 @@ class Monitor:
             (``Record.exemplars``: non-finite first, then beyond the group bound,
             then the largest |advantage|; docs/drilldown.md). 0 turns them off;
             ``ADVMON_EXEMPLARS`` sets it for the process-wide monitor.
+        max_slices: distinct slice labels (``watch(slices=...)``, ``observe(slices=...)``)
+            that keep their own ``slices/<label>/...`` keys in this run; later ones are
+            folded into ``slices/other/...`` and counted in ``slices/folded_labels``.
 
     Example:
         >>> import torch, tempfile, os
@@ -132,6 +137,7 @@ class Monitor:
         alerts: Sequence[Any] | None = None,
         alert_thresholds: Mapping[str, float] | None = None,
         exemplars: int = 5,
+        max_slices: int = 16,
     ) -> None:
         if step_source is not None and not callable(step_source):
             raise AdvmonConfigError(f"step_source must be a callable returning the training step, got {step_source!r}")
@@ -139,6 +145,7 @@ class Monitor:
         self.reward_range = checked_range(reward_range)
         self.strict = bool(strict)
         self.exemplars = checked_exemplars(exemplars)
+        self._slice_index = SliceIndex(checked_max_slices(max_slices))
         # The alerts' own bound decides which groups are "beyond" it.
         self._bound_factor = Thresholds.with_overrides(alert_thresholds)["group_bound_factor"]
         self._lock = threading.RLock()
@@ -190,6 +197,7 @@ class Monitor:
         mask: str | None = "mask",
         groups: str | None = "prompt_ids",
         group_size: int | None = None,
+        slices: str | None = None,
     ) -> Callable[[F], F]: ...
 
     def watch(
@@ -200,13 +208,16 @@ class Monitor:
         mask: str | None = "mask",
         groups: str | None = "prompt_ids",
         group_size: int | None = None,
+        slices: str | None = None,
     ) -> F | Callable[[F], F]:
         """Decorate an estimator function or method; use bare or with argument names.
 
         Arguments are bound by name (positional and keyword calls both work);
         ``rewards``, ``mask`` and ``groups`` name the estimator's parameters
         (``None``: it has no such input), and ``group_size`` groups contiguous
-        blocks instead.
+        blocks instead. ``slices`` names a parameter of per-sample labels (a
+        list or array of strings such as ``data_source``): the record then
+        carries ``slices/<label>/...`` keys (docs/drilldown.md).
 
         Example:
             >>> monitor = Monitor("doc", sinks=[])
@@ -217,7 +228,7 @@ class Monitor:
             >>> compute_grpo_outcome_advantage.__name__
             'compute_grpo_outcome_advantage'
         """
-        names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size)
+        names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices)
 
         def decorate(function: F) -> F:
             return watch_with(function, self, names)
@@ -237,11 +248,13 @@ class Monitor:
         groups: Any = None,
         pre_norm: Any = None,
         group_size: int | None = None,
+        slices: Any = None,
     ) -> None:
         """Record advantages computed inline, without a decorator (e.g. TRL's GRPOTrainer).
 
         Inside ``with monitor.step(n)`` this joins the step's record; otherwise it
-        is a record of its own.
+        is a record of its own. ``slices`` gives each sample's label (a list or
+        array of strings): per-slice keys ``slices/<label>/...``.
 
         Example:
             >>> monitor = Monitor("doc", sinks=[])
@@ -274,6 +287,8 @@ class Monitor:
                     rewards_expected=False,
                     exemplars=self.exemplars,
                     bound_factor=self._bound_factor,
+                    slices=slices,
+                    slice_index=self._slice_index,
                 )
         except ObservationError as error:
             self._report([error.problem])
@@ -422,6 +437,8 @@ class Monitor:
                     rewards_expected=names.rewards is not None,
                     exemplars=self.exemplars,
                     bound_factor=self._bound_factor,
+                    slices=call.inputs.get("slices"),
+                    slice_index=self._slice_index,
                 )
         except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the estimator's
             call.problems.append(_internal_problem(exc))
@@ -520,6 +537,8 @@ class Monitor:
         summaries = assembly.summaries_of(parts)
         self._report(assembly.record_problems(summaries, parts), quiet=quiet)
         metrics = assembly.assemble(summaries, parts, self.reward_range)
+        if parts.slices:
+            metrics["slices/folded_labels"] = float(self._slice_index.folded)
         metrics["advmon/internal_errors"] = float(self._internal_errors)  # this step's problems included
         metrics.update(self._delivery.counters())
         return Record(
@@ -598,10 +617,10 @@ def _matching_mask(call: ActiveCall, values: torch.Tensor) -> torch.Tensor | Non
 
 
 def _argument_names(names: dict[str, Any]) -> ArgumentNames:
-    unknown = set(names) - {"rewards", "mask", "groups", "group_size"}
+    unknown = set(names) - {"rewards", "mask", "groups", "group_size", "slices"}
     if unknown:
         raise AdvmonConfigError(
-            f"unknown argument name option(s) {sorted(unknown)}; expected rewards=, mask=, groups=, group_size="
+            f"unknown argument name option(s) {sorted(unknown)}; expected rewards=, mask=, groups=, group_size=, slices="
         )
     return ArgumentNames(**names)
 

@@ -8,7 +8,7 @@ monitor can record what it can and say what it could not.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from advmon.devices import to_device, where_float64_works
-from advmon.exemplars import RewardSegments, reward_segments, row_peaks, worst_groups
+from advmon.exemplars import RewardSegments, reward_segments, worst_groups
 from advmon.groups import GroupsError, group_counts, group_ids, group_statistics, row_keys
+from advmon.row_summaries import RowSummary, row_summaries
+from advmon.slices import SliceIndex, slice_table
 from advmon.stats import EXACT_LIMIT, Part, dense_part, row_valid_counts, value_part
 
 __all__ = [
@@ -61,6 +63,10 @@ class CallParts:
     #: The worst groups (:func:`advmon.exemplars.worst_groups`, plus a ``key`` column), and how to name them.
     exemplars: torch.Tensor | None = None
     exemplar_keys: GroupKeys | None = None
+    #: Per-slice sums (:func:`advmon.slices.slice_table`), the slices' names by slot, and each sample's slice.
+    slices: torch.Tensor | None = None
+    slice_names: list[str | None] | None = None
+    sample_slices: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -239,6 +245,9 @@ class InputObservation:
     bound_factor: float = math.inf
     segments: RewardSegments | None = None
     row_counts: torch.Tensor | None = None  #: the mask's, once an expand view needed them
+    slice_slots: torch.Tensor | None = None  #: each sample's slice slot, on the rewards' device
+    sample_slices: list[int] | None = None  #: the same, on the host
+    slice_index: SliceIndex | None = None
 
 
 def observe_inputs(
@@ -253,13 +262,16 @@ def observe_inputs(
     rewards_expected: bool = True,
     exemplars: int = 0,
     bound_factor: float = math.inf,
+    slices: Any = None,
+    slice_index: SliceIndex | None = None,
 ) -> InputObservation:
     """Rewards, groups and the derived pre_norm of one call, from its inputs alone.
 
     Missing rewards are a problem for a watched estimator (its rewards argument
     was not found or was None), not for ``rewards_expected=False`` observations.
     With ``exemplars`` > 0 the groups' reward values are kept for
-    :func:`observe_output`'s worst groups.
+    :func:`observe_output`'s worst groups; with ``slices`` (one label per
+    sample) and a run's ``slice_index``, for its per-slice sums too.
     """
     seen = InputObservation(CallParts(estimator=estimator), groups=groups, group_size=group_size,
                             exemplars=exemplars, bound_factor=bound_factor)
@@ -275,9 +287,27 @@ def observe_inputs(
     parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, reward_range)
     parts.stages["pre_norm"] = [value_part(pre_norm)]
     parts.pre_norm_source = "derived"
-    if exemplars > 0 and seen.group_ids is not None:
+    if slices is not None and slice_index is not None:
+        _attempt(problems, lambda: _slice_slots(seen, slices, slice_index))
+    if (exemplars > 0 or seen.slice_slots is not None) and seen.group_ids is not None:
         seen.segments = reward_segments(seen.rewards, seen.group_ids)
     return seen
+
+
+def _slice_slots(seen: InputObservation, labels: Any, index: SliceIndex) -> None:
+    """Each sample's slice slot, from labels on the host (a device tensor of labels is read back once)."""
+    if isinstance(labels, torch.Tensor):
+        labels = labels.detach().reshape(-1).tolist()
+    if isinstance(labels, (str, bytes)) or not isinstance(labels, (Sequence, np.ndarray)):
+        raise ObservationError("slices", f"slice labels must be a sequence with one label per sample, got "
+                                         f"{type(labels).__name__}; slices skipped")
+    batch = seen.rewards.shape[0]
+    if len(labels) != batch:
+        raise ObservationError("slices", f"{len(labels)} slice labels for {batch} samples; slices skipped")
+    ids = index.ids(labels)
+    seen.slice_index = index
+    seen.sample_slices = ids
+    seen.slice_slots = to_device(torch.tensor(ids, dtype=torch.long), seen.rewards.device)
 
 
 def observe_output(
@@ -299,11 +329,11 @@ def observe_output(
         if post is not None:
             parts.stages["post_norm"] = [post]
     batch = _batch_size(seen.rewards, advantages_t, problems)
-    if seen.segments is not None:
+    if seen.segments is not None or seen.slice_slots is not None:
         try:
-            _add_exemplars(seen, advantages_t)
+            _add_drilldown(seen, advantages_t)
         except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
-            problems.append(Problem("exemplars", f"worst groups skipped: {type(exc).__name__}: {exc}"))
+            problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
     if parts.groups is None and batch is not None:
         # Without rewards, groups can still be counted from the advantages' batch.
         ids = _attempt(problems, lambda: _group_ids(seen.groups, seen.group_size, batch, None))
@@ -325,6 +355,8 @@ def observe_call(
     rewards_expected: bool = True,
     exemplars: int = 0,
     bound_factor: float = math.inf,
+    slices: Any = None,
+    slice_index: SliceIndex | None = None,
 ) -> CallParts:
     """Observe one call at once (inputs and output); see :func:`observe_inputs`."""
     seen = observe_inputs(
@@ -338,6 +370,8 @@ def observe_call(
         rewards_expected=rewards_expected,
         exemplars=exemplars,
         bound_factor=bound_factor,
+        slices=slices,
+        slice_index=slice_index,
     )
     return observe_output(seen, advantages=advantages, taps=taps, reward_range=reward_range, problems=problems)
 
@@ -354,21 +388,37 @@ def _expand_row_counts(seen: InputObservation, advantages: torch.Tensor) -> torc
     return seen.row_counts
 
 
-def _add_exemplars(seen: InputObservation, advantages: torch.Tensor | None) -> None:
-    """The call's worst groups and a ``key`` column to name them by (one more part of the transfer)."""
-    peaks = (None, None)
-    if advantages is not None and advantages.dim() in (1, 2) and advantages.shape[0] == seen.rewards.shape[0]:
-        mask = seen.mask
-        per_sequence = advantages.dim() == 1 or advantages.shape[1] == 1
-        if per_sequence or mask is None or tuple(mask.shape) == tuple(advantages.shape):
-            # (A mask of another shape was reported with the post-norm statistics: no peaks then.)
-            peaks = row_peaks(advantages, None if per_sequence or mask is None else to_device(mask, advantages.device),
-                              _expand_row_counts(seen, advantages))
-    table = worst_groups(seen.segments, *(to_device(p, seen.rewards.device) if p is not None else None for p in peaks),
-                         k=seen.exemplars, bound_factor=seen.bound_factor)
-    keys, key_column = _group_keys(seen, table[:, FIRST_SAMPLE].to(torch.long))
-    seen.parts.exemplars = torch.cat([table, key_column.unsqueeze(1)], dim=1)
-    seen.parts.exemplar_keys = keys
+def _add_drilldown(seen: InputObservation, advantages: torch.Tensor | None) -> None:
+    """The call's worst groups (and a ``key`` column to name them by) and per-slice sums: more parts of the transfer."""
+    rows = _row_summaries(seen, advantages, sums=seen.slice_slots is not None)
+    exemplars = None
+    if seen.segments is not None and seen.exemplars > 0:
+        peaks = (None, None) if rows is None else (rows.peak(), rows.nonfinite)
+        table = worst_groups(seen.segments, *peaks, k=seen.exemplars, bound_factor=seen.bound_factor)
+        keys, key_column = _group_keys(seen, table[:, FIRST_SAMPLE].to(torch.long))
+        exemplars = torch.cat([table, key_column.unsqueeze(1)], dim=1)
+    slices = None
+    if seen.slice_slots is not None:
+        slices = slice_table(seen.slice_slots, seen.slice_index.slots, seen.rewards, seen.segments, rows)
+    # Only whole results join the record: a failure above leaves the call's parts as they were.
+    parts = seen.parts
+    if exemplars is not None:
+        parts.exemplars, parts.exemplar_keys = exemplars, keys
+    if slices is not None:
+        parts.slices, parts.slice_names, parts.sample_slices = slices, seen.slice_index.slot_names(), seen.sample_slices
+
+
+def _row_summaries(seen: InputObservation, advantages: torch.Tensor | None, sums: bool) -> RowSummary | None:
+    """Per-sample post-norm summaries on the rewards' device, when the advantages describe the call's samples."""
+    if advantages is None or advantages.dim() not in (1, 2) or advantages.shape[0] != seen.rewards.shape[0]:
+        return None
+    mask = seen.mask
+    per_sequence = advantages.dim() == 1 or advantages.shape[1] == 1
+    if not (per_sequence or mask is None or tuple(mask.shape) == tuple(advantages.shape)):
+        return None  # a mask of another shape was reported with the post-norm statistics
+    rows = row_summaries(advantages, None if per_sequence or mask is None else to_device(mask, advantages.device),
+                         _expand_row_counts(seen, advantages), sums=sums)
+    return RowSummary(*(None if t is None else to_device(t, seen.rewards.device) for t in rows))
 
 
 #: Where :func:`advmon.exemplars.worst_groups` puts each group's first sample.

@@ -9,7 +9,9 @@ are the contract that sinks, dashboards and alerts rely on:
 * ``groups/{count,singleton_count,zero_std_count,zero_std_fraction,nonfinite_count,max_size}``
   and, with a reward range, ``groups/{all_low_fraction,all_high_fraction}``;
 * ``estimator/<name>`` for metrics the estimator reports itself;
-* ``advmon/internal_errors``: problems advmon met so far in this run.
+* ``advmon/internal_errors``: problems advmon met so far in this run;
+* with slice labels, ``slices/<label>/...`` (:data:`SLICE_KEYS`) for each slice
+  seen in the step, and ``slices/folded_labels``.
 
 Beside the metrics, ``exemplars`` lists the step's worst prompt groups
 (``Monitor(exemplars=k)``; docs/drilldown.md), worst first.
@@ -28,7 +30,7 @@ from typing import Any
 from advmon.groups import GROUP_COUNT_FIELDS
 from advmon.stats import VALUE_KEYS
 
-__all__ = ["REWARD_KEYS", "Record", "abs_max", "group_metrics", "stage_metrics"]
+__all__ = ["REWARD_KEYS", "SLICE_KEYS", "Record", "abs_max", "group_metrics", "slice_metrics", "stage_metrics"]
 
 REWARD_KEYS = ("mean", "std", "min", "max", "count", "nan_count", "inf_count")
 _FIELD = {name: i for i, name in enumerate(GROUP_COUNT_FIELDS)}
@@ -124,6 +126,46 @@ def group_metrics(totals: list[float] | None, reward_range: tuple[float, float] 
         metrics["groups/all_low_fraction"] = _ratio(totals[_FIELD["all_low"]], comparable)
         metrics["groups/all_high_fraction"] = _ratio(totals[_FIELD["all_high"]], comparable)
     return metrics
+
+
+#: A slice's keys under ``slices/<label>/``.
+SLICE_KEYS = (
+    "rewards/count",
+    "rewards/mean",
+    "rewards/nan_count",
+    "rewards/inf_count",
+    "groups/comparable_count",
+    "groups/zero_std_count",
+    "groups/zero_std_fraction",
+    "advantages/post_norm/count",
+    "advantages/post_norm/mean",
+    "advantages/post_norm/abs_max",
+)
+
+
+def slice_metrics(name: str, sums: Any) -> dict[str, float]:
+    """A slice's keys from its merged sums (in :data:`advmon.slices.SLICE_FIELDS` order).
+
+    Example:
+        >>> sums = [4, 3, 1.5, 1, 0, 2, 1, 40, 8.0, 2.5]
+        >>> m = slice_metrics("gsm8k", sums)
+        >>> m["slices/gsm8k/rewards/mean"], m["slices/gsm8k/groups/zero_std_fraction"], m["slices/gsm8k/advantages/post_norm/mean"]
+        (0.5, 0.5, 0.2)
+    """
+    (samples, finite, reward_sum, nan, inf, comparable, zero_std, count, total, abs_max) = (float(v) for v in sums)
+    values = (
+        samples,
+        _ratio(reward_sum, finite),
+        nan,
+        inf,
+        comparable,
+        zero_std,
+        _ratio(zero_std, comparable),
+        count,
+        _ratio(total, count),
+        abs_max,
+    )
+    return {f"slices/{name}/{key}": value for key, value in zip(SLICE_KEYS, values)}
 
 
 def _ratio(part: float, whole: float) -> float:

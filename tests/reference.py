@@ -171,3 +171,51 @@ def exemplar_badness(entry: dict) -> tuple:
     nonfinite = entry["reward_nan_count"] + entry["reward_inf_count"] + entry["advantage_nonfinite_samples"]
     peak = entry["advantage_abs_max"]
     return EXEMPLAR_REASONS.index(entry["reason"]), -nonfinite, -(peak if not math.isnan(peak) else -1.0)
+
+
+def slice_stats(labels, rewards, keys=None, advantages=None, mask=None) -> dict[str, dict[str, float]]:
+    """Per-label statistics with Python loops: the record's ``slices/<label>/...`` values (labels already folded)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    a = None if advantages is None else np.asarray(advantages, dtype=np.float64)
+    if a is not None and a.ndim == 2 and a.shape[1] == 1:
+        a = a[:, 0]
+    m = None if mask is None or a is None or a.ndim == 1 else np.asarray(mask, dtype=np.float64) > 0
+    first_of_group: dict = {}
+    for i, key in enumerate(keys or []):
+        first_of_group.setdefault(key, i)
+    out: dict[str, dict[str, float]] = {}
+    for label in dict.fromkeys(labels):
+        samples = [i for i, lab in enumerate(labels) if lab == label]
+        values = r[samples]
+        finite = values[np.isfinite(values)]
+        entry = {
+            "rewards/count": float(len(samples)),
+            "rewards/mean": float(finite.mean()) if finite.size else math.nan,
+            "rewards/nan_count": float(np.isnan(values).sum()),
+            "rewards/inf_count": float(np.isinf(values).sum()),
+        }
+        if keys is not None:
+            comparable = zero = 0
+            for key, first in first_of_group.items():
+                if labels[first] != label:
+                    continue
+                group = r[[i for i, k in enumerate(keys) if k == key]]
+                kept = group[np.isfinite(group)]
+                if kept.size >= 2:
+                    comparable += 1
+                    zero += int(np.all(kept == kept[0]))
+            entry.update({"groups/comparable_count": float(comparable), "groups/zero_std_count": float(zero),
+                          "groups/zero_std_fraction": zero / comparable if comparable else math.nan})
+        if a is not None:
+            chosen = []
+            for i in samples:
+                row = np.atleast_1d(a[i]) if a.ndim == 1 else a[i][m[i]] if m is not None else a[i]
+                chosen.extend(row[np.isfinite(row)].tolist())
+            chosen = np.array(chosen)
+            entry.update({
+                "advantages/post_norm/count": float(chosen.size),
+                "advantages/post_norm/mean": float(chosen.mean()) if chosen.size else math.nan,
+                "advantages/post_norm/abs_max": float(np.abs(chosen).max()) if chosen.size else math.nan,
+            })
+        out[label] = entry
+    return out

@@ -137,7 +137,7 @@ def test_a_failure_in_the_exemplars_keeps_the_statistics(sink, monkeypatch):
     record = sink.records[-1]
     assert record.exemplars == [] and record.metrics["rewards/nan_count"] == 1.0
     assert record.metrics["advmon/internal_errors"] == 1.0
-    assert any("worst groups skipped: RuntimeError: boom" in str(w.message) for w in caught)
+    assert any("worst groups and slices skipped: RuntimeError: boom" in str(w.message) for w in caught)
 
 
 def test_exemplars_on_the_device_path_read_nothing_back(sink):

@@ -1,0 +1,117 @@
+"""Per-sample summaries of a call's advantages, for the drill-down: each sample's peak, and optionally its sum.
+
+The record's statistics summarise all valid positions together; the drill-down
+needs them per sample (then per group, per slice). One pass over a dense
+``[B, T]`` tensor, in row chunks that stay in cache on the CPU (and bound the
+temporaries elsewhere), with a fixed number of ops per chunk and nothing read
+back to the host. An expand view or a ``[B]`` tensor costs ``B`` values.
+
+Example:
+    >>> rows = row_summaries(torch.tensor([[1.0, -3.0, 9.0], [float("nan"), 2.0, 0.0]]),
+    ...                      torch.tensor([[1, 1, 0], [1, 1, 1]]), sums=True)
+    >>> rows.abs_max.tolist(), rows.nonfinite.tolist(), rows.total.tolist(), rows.count.tolist()
+    ([3.0, 2.0], [0.0, 1.0], [-2.0, 2.0], [2.0, 2.0])
+    >>> rows.peak().tolist()  # a broken sample has no peak
+    [3.0, -inf]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from advmon.devices import sync_free
+from advmon.stats import row_valid_counts
+
+__all__ = ["RowSummary", "row_summaries"]
+
+#: Dense values reduced per row at once, off the CPU (bounds a chunk's temporaries as the sketch does).
+_DEVICE_CHUNK = 1 << 24
+#: On the CPU: rows a chunk holds stay in cache.
+_CPU_CHUNK = 1 << 16
+
+
+class RowSummary(NamedTuple):
+    """Float64 ``[B]`` tensors; ``total`` and ``count`` only with ``sums=True``."""
+
+    abs_max: torch.Tensor  #: the largest finite |value| at a valid position (``-inf`` without one; see ``sums``)
+    nonfinite: torch.Tensor  #: 1.0 where a valid position holds NaN or Inf
+    total: torch.Tensor | None = None  #: sum of the finite valid values
+    count: torch.Tensor | None = None  #: number of finite valid values
+
+    def peak(self) -> torch.Tensor:
+        """``abs_max`` where the sample has no non-finite valid value, else ``-inf``."""
+        return self.abs_max.masked_fill(self.nonfinite > 0, -math.inf)
+
+
+def row_summaries(
+    values: torch.Tensor, mask: torch.Tensor | None, row_counts: torch.Tensor | None = None, *, sums: bool = False
+) -> RowSummary:
+    """Each sample's summary of ``values`` at valid positions.
+
+    ``values`` is ``[B]``, ``[B, 1]`` (per sequence: the mask does not apply) or
+    ``[B, T]`` under ``mask > 0`` (every position without one). For an expand
+    view, ``row_counts`` (the mask's :func:`~advmon.stats.row_valid_counts`)
+    saves a pass over the mask. Without ``sums``, a dense row with a non-finite
+    value gets ``abs_max = -inf`` (one ``aminmax`` pass cannot see past it); with
+    them, the finite values are kept apart first, at a few more ops per chunk.
+    """
+    if values.dim() == 1 or (values.dim() == 2 and values.shape[1] == 1):
+        return _per_value(values.reshape(-1), None, sums)
+    if values.stride(1) == 0:  # an expand view: one value per row, counted at its row's valid positions
+        if mask is None:
+            weights = torch.full((values.shape[0],), float(values.shape[1]), dtype=torch.float64, device=values.device)
+        else:
+            weights = row_valid_counts(mask) if row_counts is None else row_counts
+        return _per_value(values[:, 0], weights, sums)
+    return _dense(values.reshape(values.shape[0], -1), None if mask is None else mask.reshape(values.shape[0], -1), sums)
+
+
+def _per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bool) -> RowSummary:
+    values = values.to(torch.float64)
+    finite = torch.isfinite(values)
+    valid = None if weights is None else weights > 0
+    usable = finite if valid is None else finite & valid
+    bad = ~finite if valid is None else valid & ~finite
+    abs_max = values.abs().masked_fill(~usable, -math.inf)
+    if not sums:
+        return RowSummary(abs_max, bad.to(torch.float64))
+    count = usable.to(torch.float64) if weights is None else weights.to(torch.float64).masked_fill(~usable, 0.0)
+    return RowSummary(abs_max, bad.to(torch.float64), values.masked_fill(~usable, 0.0) * count, count)
+
+
+def _dense(flat: torch.Tensor, mask: torch.Tensor | None, sums: bool) -> RowSummary:
+    rows, cols = flat.shape
+    device = flat.device
+    dtype = flat.dtype if flat.is_floating_point() else torch.float64
+    abs_max = torch.full((rows,), -math.inf, dtype=dtype, device=device)
+    nonfinite = torch.zeros(rows, dtype=torch.bool, device=device)
+    total = torch.zeros(rows, dtype=torch.float64, device=device) if sums else None
+    count = torch.zeros(rows, dtype=torch.float64, device=device) if sums else None
+    step = max(1, (_DEVICE_CHUNK if sync_free(flat) else _CPU_CHUNK) // max(cols, 1))
+    for start in range(0, rows if cols else 0, step):
+        at = slice(start, start + step)
+        block = flat[at].to(dtype)
+        valid = None if mask is None else mask[at] > 0
+        if sums:
+            finite = torch.isfinite(block)
+            usable = finite if valid is None else finite & valid
+            nonfinite[at] = (~finite if valid is None else valid & ~finite).any(dim=1)
+            kept = torch.where(usable, block, 0)
+            total[at] = kept.sum(dim=1, dtype=torch.float64)
+            count[at] = usable.sum(dim=1, dtype=torch.float64)
+            low, high = torch.aminmax(kept, dim=1)
+            # A row without usable values has only zeros: not a peak.
+            abs_max[at] = torch.maximum(high, -low).masked_fill(~usable.any(dim=1), -math.inf)
+        else:
+            kept = block if valid is None else torch.where(valid, block, 0)
+            # One pass: a NaN or an infinity in a row makes its extremes, so its peak, non-finite.
+            low, high = torch.aminmax(kept, dim=1)
+            peak = torch.maximum(high, -low)
+            broken = ~torch.isfinite(peak)
+            has_valid = valid.any(dim=1) if valid is not None else torch.ones_like(broken)
+            nonfinite[at] = broken & has_valid
+            abs_max[at] = peak.masked_fill(broken | ~has_valid, -math.inf)
+    return RowSummary(abs_max.to(torch.float64), nonfinite.to(torch.float64), total, count)

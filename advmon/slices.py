@@ -1,0 +1,181 @@
+"""Per-slice statistics: the same record, split by a per-sample label (data source, task, language...).
+
+:class:`SliceIndex` turns labels into slot numbers on the host, a run at a time,
+with bounded cardinality: the first ``max_slices`` distinct labels keep their
+name, later ones are folded into ``other`` and counted. :func:`slice_table` sums
+a call's rewards, groups and advantages per slot on any device, with a fixed
+number of ops (``max_slices + 1`` slots, segments of samples sorted by slot) and
+nothing read back; the ``[slots, len(SLICE_FIELDS)]`` table rides in the
+record's one transfer.
+
+Example:
+    >>> index = SliceIndex(max_slices=2)
+    >>> index.ids(["gsm8k", "math", "gsm8k", "code"]), index.names, index.folded
+    ([0, 1, 0, 2], ['gsm8k', 'math', 'other'], 1)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from advmon.exemplars import RewardSegments
+from advmon.row_summaries import RowSummary
+
+__all__ = ["OTHER", "SLICE_FIELDS", "SliceIndex", "slice_name", "slice_table"]
+
+#: The slice that labels beyond ``max_slices`` are folded into.
+OTHER = "other"
+#: Columns of :func:`slice_table`.
+SLICE_FIELDS = (
+    "samples",
+    "reward_finite_count",
+    "reward_sum",
+    "reward_nan_count",
+    "reward_inf_count",
+    "groups_comparable",
+    "groups_zero_std",
+    "advantage_count",
+    "advantage_sum",
+    "advantage_abs_max",
+)
+
+
+def slice_name(label: Any) -> str:
+    """A label as a record key's path element: text, with ``/`` and whitespace made ``_``.
+
+    Example:
+        >>> slice_name(b"openai/gsm8k"), slice_name(np.str_("math lvl5")), slice_name(3)
+        ('openai_gsm8k', 'math_lvl5', '3')
+    """
+    if isinstance(label, bytes):
+        label = label.decode(errors="replace")
+    elif isinstance(label, np.generic):
+        label = label.item()
+    text = "_".join(str(label).replace("/", "_").split())
+    return text or "_"
+
+
+class SliceIndex:
+    """A run's slice names and their slots; the last slot is :data:`OTHER`.
+
+    Args:
+        max_slices: distinct labels that keep their own name (>= 1).
+    """
+
+    def __init__(self, max_slices: int = 16) -> None:
+        self.max_slices = max_slices
+        self._slots: dict[str, int] = {}
+        self._folded: set[str] = set()
+
+    @property
+    def slots(self) -> int:
+        """Slot count of every table: ``max_slices`` names and :data:`OTHER`."""
+        return self.max_slices + 1
+
+    @property
+    def names(self) -> list[str]:
+        """The named slices in slot order, then :data:`OTHER` once a label was folded."""
+        return [*self._slots, *([OTHER] if self._folded else [])]
+
+    @property
+    def folded(self) -> int:
+        """Distinct labels folded into :data:`OTHER` so far in this run."""
+        return len(self._folded)
+
+    def ids(self, labels: Sequence[Any]) -> list[int]:
+        """Each sample's slot; new labels take a name while there is room."""
+        ids = []
+        for label in labels:
+            name = slice_name(label)
+            slot = self._slots.get(name)
+            if slot is None:
+                if len(self._slots) < self.max_slices:
+                    slot = self._slots[name] = len(self._slots)
+                else:
+                    self._folded.add(name)
+                    slot = self.max_slices
+            ids.append(slot)
+        return ids
+
+    def slot_names(self) -> list[str | None]:
+        """The slice each slot stands for (``None``: no label has taken it yet)."""
+        named: list[str | None] = [*self._slots]
+        return named + [None] * (self.max_slices - len(named)) + [OTHER]
+
+
+def slice_table(
+    slots: torch.Tensor,
+    count: int,
+    rewards: torch.Tensor | None,
+    segments: RewardSegments | None,
+    rows: RowSummary | None,
+) -> torch.Tensor:
+    """A call's sums per slice as a ``[count, len(SLICE_FIELDS)]`` float64 table.
+
+    ``slots`` holds each sample's slot in ``[0, count)``; ``rewards`` are
+    per sequence; ``segments`` are the call's groups (a group counts in the slice
+    of its first sample); ``rows`` the post-norm advantages' per-sample sums
+    (:func:`~advmon.row_summaries.row_summaries` with ``sums=True``). What is
+    missing is ``nan``.
+
+    Example:
+        >>> table = slice_table(torch.tensor([0, 1, 0]), 2, torch.tensor([1.0, float("nan"), 3.0]), None, None)
+        >>> table[:, SLICE_FIELDS.index("reward_sum")].tolist(), table[:, SLICE_FIELDS.index("reward_nan_count")].tolist()
+        ([4.0, 0.0], [0.0, 1.0])
+    """
+    device = slots.device
+    order = torch.argsort(slots, stable=True)
+    bounds = torch.searchsorted(slots[order], torch.arange(count + 1, device=device))
+
+    def per_slice(values: torch.Tensor, reduce: str = "sum", initial: float = 0.0) -> torch.Tensor:
+        # unsafe=True skips segment_reduce's argument checks, which read values back to the host.
+        return torch.segment_reduce(values.to(torch.float64)[order], reduce, offsets=bounds, unsafe=True, initial=initial)
+
+    unknown = torch.full((count,), math.nan, dtype=torch.float64, device=device)
+    columns = {"samples": bounds.diff().to(torch.float64)}
+    if rewards is None:
+        columns.update(dict.fromkeys(SLICE_FIELDS[1:5], unknown))
+    else:
+        finite = torch.isfinite(rewards)
+        nan = torch.isnan(rewards)
+        columns.update(
+            reward_finite_count=per_slice(finite),
+            reward_sum=per_slice(rewards.to(torch.float64).masked_fill(~finite, 0.0)),
+            reward_nan_count=per_slice(nan),
+            reward_inf_count=per_slice(~finite & ~nan),
+        )
+    if segments is None:
+        columns.update(groups_comparable=unknown, groups_zero_std=unknown)
+    else:
+        columns.update(_group_columns(slots, count, segments))
+    if rows is None or rows.total is None:
+        columns.update(advantage_count=unknown, advantage_sum=unknown, advantage_abs_max=unknown)
+    else:
+        peak = per_slice(rows.abs_max, "max", -math.inf)
+        columns.update(
+            advantage_count=per_slice(rows.count),
+            advantage_sum=per_slice(rows.total),
+            advantage_abs_max=peak.masked_fill(peak == -math.inf, math.nan),
+        )
+    return torch.stack([columns[name] for name in SLICE_FIELDS], dim=1)
+
+
+def _group_columns(slots: torch.Tensor, count: int, segments: RewardSegments) -> dict[str, torch.Tensor]:
+    """Comparable and zero-std groups per slice; empty group slots go to an extra slice that is dropped."""
+    last = max(segments.order.shape[0] - 1, 0)
+    first = segments.order[segments.bounds[:-1].clamp(max=last)]
+    group_slice = slots[first].masked_fill(segments.size == 0, count)
+    order = torch.argsort(group_slice, stable=True)
+    bounds = torch.searchsorted(group_slice[order], torch.arange(count + 2, device=slots.device))
+    comparable = segments.finite >= 2
+    zero_std = comparable & (segments.min == segments.max)
+
+    def per_slice(values: torch.Tensor) -> torch.Tensor:
+        return torch.segment_reduce(values.to(torch.float64)[order], "sum", offsets=bounds, unsafe=True, initial=0.0)[:count]
+
+    return {"groups_comparable": per_slice(comparable), "groups_zero_std": per_slice(zero_std)}
