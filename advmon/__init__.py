@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable, TypeVar, overload
 
 from advmon.errors import AdvmonConfigError, AdvmonError, AdvmonWarning
-from advmon.hooks import ArgumentNames, tap
+from advmon.hooks import ArgumentNames, scored_by, sliced_by, tap
 from advmon.hooks import instrument as _instrument
 from advmon.hooks import watch_with as _watch_with
 from advmon.monitor import Monitor, _argument_names, get_monitor, set_monitor
@@ -39,7 +39,9 @@ __all__ = [
     "get_monitor",
     "instrument",
     "read_jsonl",
+    "scored_by",
     "set_monitor",
+    "sliced_by",
     "tap",
     "watch",
 ]
@@ -62,6 +64,7 @@ def watch(
     groups: str | None = "prompt_ids",
     group_size: int | None = None,
     slices: str | None = None,
+    reward_functions: str | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -73,13 +76,15 @@ def watch(
     groups: str | None = "prompt_ids",
     group_size: int | None = None,
     slices: str | None = None,
+    reward_functions: str | None = None,
 ) -> F | Callable[[F], F]:
     """Like :meth:`Monitor.watch`, on the process-wide monitor :func:`get_monitor`.
 
     The monitor is looked up at each call, so :func:`set_monitor` after
     decoration still takes effect.
     """
-    names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices)
+    names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices,
+                          reward_functions=reward_functions)
 
     def decorate(function: F) -> F:
         return _watch_with(function, None, names)

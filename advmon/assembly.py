@@ -208,7 +208,10 @@ def assemble(summaries: dict[str, dict[str, float]], step: StepParts,
              reward_range: tuple[float, float] | None) -> dict[str, float]:
     """The record's metrics, in their documented order (advmon's own counters are added by the monitor)."""
     metrics = stage_metrics("rewards", summaries.get("rewards", {}), REWARD_KEYS)
-    extra_stages = sorted(set(summaries) - set(CORE_STAGES) - {"rewards"})
+    functions = sorted(stage for stage in summaries if stage.startswith("rewards/"))
+    for stage in functions:  # per reward function (component): rewards/<name>/...
+        metrics.update(stage_metrics(stage, summaries[stage], REWARD_KEYS))
+    extra_stages = sorted(set(summaries) - set(CORE_STAGES) - {"rewards", *functions})
     for stage in (*CORE_STAGES, *extra_stages):
         metrics.update(stage_metrics(f"advantages/{stage}", summaries.get(stage, {})))
     totals = None if step.group_totals is None else step.group_totals.tolist()

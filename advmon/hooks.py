@@ -15,7 +15,8 @@ import functools
 import inspect
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,7 +28,17 @@ from advmon.stats import Part
 if TYPE_CHECKING:
     from advmon.monitor import Monitor
 
-__all__ = ["ArgumentNames", "instrument", "is_watched", "tap", "watch_with"]
+__all__ = [
+    "ArgumentNames",
+    "current_reward_functions",
+    "current_slice_labels",
+    "instrument",
+    "is_watched",
+    "scored_by",
+    "sliced_by",
+    "tap",
+    "watch_with",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _WATCHED = "__advmon_watched__"
@@ -48,14 +59,26 @@ class ArgumentNames:
     mask: str | None = "mask"
     groups: str | None = "prompt_ids"
     group_size: int | None = None
-    #: The parameter holding per-sample slice labels (``data_source``); ``None``: no slices.
+    #: The parameter holding per-sample slice labels (``data_source``), or ``parameter.key`` for a
+    #: key or attribute of one (NeMo-RL's ``repeated_batch.task_name``); ``None``: no slices.
     slices: str | None = None
+    #: The parameter holding per-function rewards: a mapping of name to per-sample values, or
+    #: ``parameter:prefix`` for its keys that start with ``prefix`` (NeMo-RL's GDPO components,
+    #: ``repeated_batch:reward/``); ``None``: none (or :func:`scored_by`'s).
+    reward_functions: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("rewards", "mask", "groups", "slices"):
+        for name in ("rewards", "mask", "groups"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.isidentifier()):
                 raise AdvmonConfigError(f"argument name for {name} must be an identifier or None, got {value!r}")
+        path = self.slices
+        if path is not None and (not isinstance(path, str) or not all(p.isidentifier() for p in path.split("."))):
+            raise AdvmonConfigError(f"argument name for slices must be an identifier or 'parameter.key', got {path!r}")
+        spec = self.reward_functions
+        if spec is not None and (not isinstance(spec, str) or not spec.partition(":")[0].isidentifier()):
+            raise AdvmonConfigError(
+                f"argument name for reward_functions must be an identifier or 'parameter:prefix', got {spec!r}")
         size = self.group_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise AdvmonConfigError(f"group_size must be a positive int or None, got {size!r}")
@@ -292,8 +315,88 @@ def _bind(
 
     owner = arguments.get("self", owner)
     inputs = {"rewards": lookup(names.rewards), "mask": lookup(names.mask), "groups": lookup(names.groups),
-              "slices": lookup(names.slices)}
+              "slices": _slice_labels(lookup, names.slices),
+              "reward_functions": _reward_functions(lookup, names.reward_functions)}
     return inputs, owner
+
+
+def _slice_labels(lookup: Callable[[str | None], Any], path: str | None) -> Any:
+    """The labels ``parameter`` or ``parameter.key`` names (a mapping's key or an attribute); else :func:`sliced_by`'s."""
+    if path is None:
+        return _SLICE_LABELS.get()
+    first, *rest = path.split(".")
+    value = lookup(first)
+    for key in rest:
+        if value is None:
+            break
+        value = value.get(key) if isinstance(value, Mapping) else getattr(value, key, None)
+    return _SLICE_LABELS.get() if value is None else value
+
+
+_SLICE_LABELS: ContextVar[Any] = ContextVar("advmon_slice_labels", default=None)
+_REWARD_FUNCTIONS: ContextVar[Any] = ContextVar("advmon_reward_functions", default=None)
+
+
+def _reward_functions(lookup: Callable[[str | None], Any], spec: str | None) -> Any:
+    """``{name: per-sample rewards}`` from ``parameter`` or ``parameter:prefix``; else :func:`scored_by`'s."""
+    if spec is None:
+        return _REWARD_FUNCTIONS.get()
+    parameter, colon, prefix = spec.partition(":")
+    value = lookup(parameter)
+    if not isinstance(value, Mapping):
+        return _REWARD_FUNCTIONS.get()
+    if not colon:
+        return dict(value)
+    return {key[len(prefix):]: v for key, v in value.items() if isinstance(key, str) and key.startswith(prefix)} or None
+
+
+@contextmanager
+def scored_by(reward_functions: Mapping[str, Any] | None) -> Iterator[None]:
+    """Per-function rewards (``{name: per-sample values}``) for the watched calls inside the block.
+
+    For a caller that has each reward function's scores when the estimator only
+    gets their sum (verl's trainer holds GDPO's reward keys). ``None`` changes nothing.
+
+    Example:
+        >>> with scored_by({"format": [1.0, 0.0]}):
+        ...     current_reward_functions()
+        {'format': [1.0, 0.0]}
+    """
+    token = _REWARD_FUNCTIONS.set(reward_functions if reward_functions is not None else _REWARD_FUNCTIONS.get())
+    try:
+        yield
+    finally:
+        _REWARD_FUNCTIONS.reset(token)
+
+
+def current_reward_functions() -> Any:
+    """The per-function rewards of the innermost :func:`scored_by` block (``None`` outside one)."""
+    return _REWARD_FUNCTIONS.get()
+
+
+@contextmanager
+def sliced_by(labels: Any) -> Iterator[None]:
+    """Slice labels for the watched calls inside the block whose estimators do not take them.
+
+    For a caller that has the labels but calls an estimator that does not (verl's
+    ``ray_trainer.compute_advantage`` holds ``data_source``; its estimators get
+    only the uids). ``None`` changes nothing.
+
+    Example:
+        >>> with sliced_by(["gsm8k", "math"]):
+        ...     _SLICE_LABELS.get()
+        ['gsm8k', 'math']
+    """
+    token = _SLICE_LABELS.set(labels if labels is not None else _SLICE_LABELS.get())
+    try:
+        yield
+    finally:
+        _SLICE_LABELS.reset(token)
+
+
+def current_slice_labels() -> Any:
+    """The labels of the innermost :func:`sliced_by` block (``None`` outside one)."""
+    return _SLICE_LABELS.get()
 
 
 def is_watched(fn: Any, monitor: Monitor | None | object = ...) -> bool:

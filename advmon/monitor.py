@@ -34,7 +34,14 @@ from advmon.configuration import (
 from advmon.emitter import Delivery
 from advmon.environment import jsonl_path, monitor_settings
 from advmon.errors import AdvmonConfigError, AdvmonError, warn
-from advmon.hooks import ActiveCall, ArgumentNames, instrument as _instrument, watch_with
+from advmon.hooks import (
+    ActiveCall,
+    ArgumentNames,
+    current_reward_functions,
+    current_slice_labels,
+    watch_with,
+)
+from advmon.hooks import instrument as _instrument
 from advmon.observation import (
     CallParts,
     ObservationError,
@@ -198,6 +205,7 @@ class Monitor:
         groups: str | None = "prompt_ids",
         group_size: int | None = None,
         slices: str | None = None,
+        reward_functions: str | None = None,
     ) -> Callable[[F], F]: ...
 
     def watch(
@@ -209,6 +217,7 @@ class Monitor:
         groups: str | None = "prompt_ids",
         group_size: int | None = None,
         slices: str | None = None,
+        reward_functions: str | None = None,
     ) -> F | Callable[[F], F]:
         """Decorate an estimator function or method; use bare or with argument names.
 
@@ -217,7 +226,9 @@ class Monitor:
         (``None``: it has no such input), and ``group_size`` groups contiguous
         blocks instead. ``slices`` names a parameter of per-sample labels (a
         list or array of strings such as ``data_source``): the record then
-        carries ``slices/<label>/...`` keys (docs/drilldown.md).
+        carries ``slices/<label>/...`` keys (docs/drilldown.md). ``reward_functions``
+        names a parameter holding ``{name: per-sample rewards}`` (or
+        ``"parameter:prefix"`` for its keys with that prefix): ``rewards/<name>/...``.
 
         Example:
             >>> monitor = Monitor("doc", sinks=[])
@@ -228,7 +239,8 @@ class Monitor:
             >>> compute_grpo_outcome_advantage.__name__
             'compute_grpo_outcome_advantage'
         """
-        names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices)
+        names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices,
+                          reward_functions=reward_functions)
 
         def decorate(function: F) -> F:
             return watch_with(function, self, names)
@@ -249,12 +261,16 @@ class Monitor:
         pre_norm: Any = None,
         group_size: int | None = None,
         slices: Any = None,
+        reward_functions: Mapping[str, Any] | None = None,
     ) -> None:
         """Record advantages computed inline, without a decorator (e.g. TRL's GRPOTrainer).
 
         Inside ``with monitor.step(n)`` this joins the step's record; otherwise it
         is a record of its own. ``slices`` gives each sample's label (a list or
         array of strings): per-slice keys ``slices/<label>/...``.
+        ``reward_functions`` maps reward function (or component) names to their
+        per-sample rewards, NaN where a function gave none: keys
+        ``rewards/<name>/...``, so a function that returned ``None`` shows.
 
         Example:
             >>> monitor = Monitor("doc", sinks=[])
@@ -287,8 +303,9 @@ class Monitor:
                     rewards_expected=False,
                     exemplars=self.exemplars,
                     bound_factor=self._bound_factor,
-                    slices=slices,
+                    slices=slices if slices is not None else current_slice_labels(),
                     slice_index=self._slice_index,
+                    reward_functions=reward_functions if reward_functions is not None else current_reward_functions(),
                 )
         except ObservationError as error:
             self._report([error.problem])
@@ -439,6 +456,7 @@ class Monitor:
                     bound_factor=self._bound_factor,
                     slices=call.inputs.get("slices"),
                     slice_index=self._slice_index,
+                    reward_functions=call.inputs.get("reward_functions"),
                 )
         except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the estimator's
             call.problems.append(_internal_problem(exc))
@@ -617,10 +635,11 @@ def _matching_mask(call: ActiveCall, values: torch.Tensor) -> torch.Tensor | Non
 
 
 def _argument_names(names: dict[str, Any]) -> ArgumentNames:
-    unknown = set(names) - {"rewards", "mask", "groups", "group_size", "slices"}
+    unknown = set(names) - {"rewards", "mask", "groups", "group_size", "slices", "reward_functions"}
     if unknown:
         raise AdvmonConfigError(
-            f"unknown argument name option(s) {sorted(unknown)}; expected rewards=, mask=, groups=, group_size=, slices="
+            f"unknown argument name option(s) {sorted(unknown)}; expected rewards=, mask=, groups=, group_size=, "
+            "slices=, reward_functions="
         )
     return ArgumentNames(**names)
 

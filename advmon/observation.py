@@ -19,7 +19,7 @@ from advmon.devices import to_device, where_float64_works
 from advmon.exemplars import RewardSegments, reward_segments, worst_groups
 from advmon.groups import GroupsError, group_counts, group_ids, group_statistics, row_keys
 from advmon.row_summaries import RowSummary, row_summaries
-from advmon.slices import SliceIndex, slice_table
+from advmon.slices import SliceIndex, slice_name, slice_table
 from advmon.stats import EXACT_LIMIT, Part, dense_part, row_valid_counts, value_part
 
 __all__ = [
@@ -248,6 +248,7 @@ class InputObservation:
     slice_slots: torch.Tensor | None = None  #: each sample's slice slot, on the rewards' device
     sample_slices: list[int] | None = None  #: the same, on the host
     slice_index: SliceIndex | None = None
+    pending_slices: tuple[Any, SliceIndex] | None = None  #: labels not yet numbered (no batch size yet)
 
 
 def observe_inputs(
@@ -264,6 +265,7 @@ def observe_inputs(
     bound_factor: float = math.inf,
     slices: Any = None,
     slice_index: SliceIndex | None = None,
+    reward_functions: Mapping[str, Any] | None = None,
 ) -> InputObservation:
     """Rewards, groups and the derived pre_norm of one call, from its inputs alone.
 
@@ -272,14 +274,22 @@ def observe_inputs(
     With ``exemplars`` > 0 the groups' reward values are kept for
     :func:`observe_output`'s worst groups; with ``slices`` (one label per
     sample) and a run's ``slice_index``, for its per-slice sums too.
+    ``reward_functions`` maps each reward function's (or component's) name to its
+    per-sample rewards: stages ``rewards/<name>`` with the rewards' statistics.
     """
     seen = InputObservation(CallParts(estimator=estimator), groups=groups, group_size=group_size,
                             exemplars=exemplars, bound_factor=bound_factor)
     seen.mask = _attempt(problems, lambda: as_tensor(mask, "mask"))
+    for name, values in (reward_functions or {}).items():
+        function = _attempt(problems, lambda values=values: as_tensor(values, "reward function values"))
+        if function is not None:
+            seen.parts.stages[f"rewards/{slice_name(name)}"] = [value_part(function.reshape(-1))]
     if rewards is not None or rewards_expected:
         seen.rewards = _attempt(problems, lambda: _rewards(rewards, seen.mask))
+    if slices is not None and slice_index is not None:
+        seen.pending_slices = (slices, slice_index)
     if seen.rewards is None:
-        return seen
+        return seen  # slices, if any, are taken with the advantages' batch
     parts = seen.parts
     parts.stages["rewards"] = [value_part(seen.rewards)]
     batch = seen.rewards.shape[0]
@@ -287,27 +297,28 @@ def observe_inputs(
     parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, reward_range)
     parts.stages["pre_norm"] = [value_part(pre_norm)]
     parts.pre_norm_source = "derived"
-    if slices is not None and slice_index is not None:
-        _attempt(problems, lambda: _slice_slots(seen, slices, slice_index))
+    if seen.pending_slices is not None:
+        _attempt(problems, lambda: _slice_slots(seen, batch, seen.rewards.device))
     if (exemplars > 0 or seen.slice_slots is not None) and seen.group_ids is not None:
         seen.segments = reward_segments(seen.rewards, seen.group_ids)
     return seen
 
 
-def _slice_slots(seen: InputObservation, labels: Any, index: SliceIndex) -> None:
+def _slice_slots(seen: InputObservation, batch: int, device: torch.device) -> None:
     """Each sample's slice slot, from labels on the host (a device tensor of labels is read back once)."""
+    labels, index = seen.pending_slices
+    seen.pending_slices = None
     if isinstance(labels, torch.Tensor):
         labels = labels.detach().reshape(-1).tolist()
     if isinstance(labels, (str, bytes)) or not isinstance(labels, (Sequence, np.ndarray)):
         raise ObservationError("slices", f"slice labels must be a sequence with one label per sample, got "
                                          f"{type(labels).__name__}; slices skipped")
-    batch = seen.rewards.shape[0]
     if len(labels) != batch:
         raise ObservationError("slices", f"{len(labels)} slice labels for {batch} samples; slices skipped")
     ids = index.ids(labels)
     seen.slice_index = index
     seen.sample_slices = ids
-    seen.slice_slots = to_device(torch.tensor(ids, dtype=torch.long), seen.rewards.device)
+    seen.slice_slots = to_device(torch.tensor(ids, dtype=torch.long), device)
 
 
 def observe_output(
@@ -329,6 +340,8 @@ def observe_output(
         if post is not None:
             parts.stages["post_norm"] = [post]
     batch = _batch_size(seen.rewards, advantages_t, problems)
+    if seen.pending_slices is not None and batch is not None and advantages_t is not None:
+        _attempt(problems, lambda: _slice_slots(seen, batch, advantages_t.device))
     if seen.segments is not None or seen.slice_slots is not None:
         try:
             _add_drilldown(seen, advantages_t)
@@ -357,6 +370,7 @@ def observe_call(
     bound_factor: float = math.inf,
     slices: Any = None,
     slice_index: SliceIndex | None = None,
+    reward_functions: Mapping[str, Any] | None = None,
 ) -> CallParts:
     """Observe one call at once (inputs and output); see :func:`observe_inputs`."""
     seen = observe_inputs(
@@ -372,6 +386,7 @@ def observe_call(
         bound_factor=bound_factor,
         slices=slices,
         slice_index=slice_index,
+        reward_functions=reward_functions,
     )
     return observe_output(seen, advantages=advantages, taps=taps, reward_range=reward_range, problems=problems)
 
@@ -410,7 +425,8 @@ def _add_drilldown(seen: InputObservation, advantages: torch.Tensor | None) -> N
 
 def _row_summaries(seen: InputObservation, advantages: torch.Tensor | None, sums: bool) -> RowSummary | None:
     """Per-sample post-norm summaries on the rewards' device, when the advantages describe the call's samples."""
-    if advantages is None or advantages.dim() not in (1, 2) or advantages.shape[0] != seen.rewards.shape[0]:
+    batch = seen.rewards.shape[0] if seen.rewards is not None else seen.slice_slots.shape[0]
+    if advantages is None or advantages.dim() not in (1, 2) or advantages.shape[0] != batch:
         return None
     mask = seen.mask
     per_sequence = advantages.dim() == 1 or advantages.shape[1] == 1
@@ -418,7 +434,8 @@ def _row_summaries(seen: InputObservation, advantages: torch.Tensor | None, sums
         return None  # a mask of another shape was reported with the post-norm statistics
     rows = row_summaries(advantages, None if per_sequence or mask is None else to_device(mask, advantages.device),
                          _expand_row_counts(seen, advantages), sums=sums)
-    return RowSummary(*(None if t is None else to_device(t, seen.rewards.device) for t in rows))
+    device = seen.rewards.device if seen.rewards is not None else seen.slice_slots.device
+    return RowSummary(*(None if t is None else to_device(t, device) for t in rows))
 
 
 #: Where :func:`advmon.exemplars.worst_groups` puts each group's first sample.

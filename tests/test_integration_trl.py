@@ -165,3 +165,37 @@ def test_a_ranks_reducing_monitor_is_refused_at_once(tmp_path):
     with pytest.raises(advmon.AdvmonConfigError, match="reduce='none'"):
         trl_run.trainer(tmp_path, monitor)
     monitor.close()
+
+
+def test_two_reward_functions_and_two_sources(tmp_path):
+    """A function that stops scoring one source's prompts from its second call shows per function and per source."""
+    calls = []
+
+    def graded(completions, data_source, **_):
+        calls.append(len(completions))
+        late = len(calls) >= 2
+        return [None if late and source == "beta" else float(len(c) % 2) for c, source in zip(completions, data_source)]
+
+    sink = ListSink()
+    monitor = advmon.Monitor("trl-sources", sinks=[sink], reward_range=(0, 1))
+    keep = KeepAdvantages()
+    trainer = trl_run.trainer(tmp_path, monitor, reward_funcs=[trl_run.length_reward, graded],
+                              train_dataset=trl_run.sourced_prompts(), max_steps=3)
+    keep.trainer = trainer
+    trainer.add_callback(keep)
+    trainer.train()
+    monitor.close()
+    logs = logged(trainer)
+    assert [r.step for r in sink.records] == sorted(logs) == [1, 2, 3]
+    assert any("slices/beta/rewards/count" in r.metrics for r in sink.records[1:])
+    for record in sink.records:
+        metrics, log = record.metrics, logs[record.step]
+        for name in ("length_reward", "graded"):
+            # TRL logs each function's nanmean: a function's None is NaN in both.
+            assert metrics[f"rewards/{name}/mean"] == pytest.approx(log[f"rewards/{name}/mean"], rel=1e-6, nan_ok=True)
+        beta = metrics.get("slices/beta/rewards/count", 0.0)  # a step's two prompts may share a source
+        assert beta + metrics.get("slices/alpha/rewards/count", 0.0) == 8
+        expected_nan = 0.0 if record.step == 1 else beta
+        assert metrics["rewards/graded/nan_count"] == expected_nan and metrics["rewards/length_reward/nan_count"] == 0
+        assert_stats_close(metrics, value_stats(keep.by_step[record.step]), "advantages/post_norm/")
+        assert record.exemplars and {e["slice"] for e in record.exemplars} <= {"alpha", "beta"}

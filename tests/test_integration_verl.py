@@ -8,7 +8,7 @@ import torch
 
 import advmon
 import advmon.lifecycle
-from tests.reference import assert_stats_close, derived_pre_norm, group_stats, value_stats
+from tests.reference import assert_stats_close, derived_pre_norm, group_stats, slice_stats, value_stats
 from tests.conftest import ListSink
 from tests.services import require_module
 
@@ -177,3 +177,42 @@ def test_gae_pre_whitening_values_are_its_pre_norm(instrumented, monkeypatch):
     assert_stats_close(record.metrics, value_stats(values.numpy(), mask.numpy()), "advantages/pre_norm/")
     advmon_verl.uninstrument()
     assert verl_functional.masked_whiten is spy  # undo restores what was there
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_plus_plus", "gdpo"])
+def test_data_source_slices_every_record(name, instrumented):
+    """verl passes its estimators the uids, not data_source: advmon takes it from the trainer's batch."""
+    data = batch(3)
+    sources = np.array(["openai/gsm8k", "math"], dtype=object)[np.arange(len(data)) // GROUP % 2]
+    data.non_tensor_batch["data_source"] = sources
+    config = AlgoConfig(gamma=1.0, lam=1.0, adv_estimator=name, gdpo_reward_keys=["accuracy", "format"])
+    out = ray_trainer.compute_advantage(data, adv_estimator=name, config=config)
+    record = instrumented[-1]
+    rewards = data.batch["token_level_rewards"].sum(-1).numpy().astype(np.float64)
+    grouped = name not in advmon_verl._UNGROUPED_ESTIMATORS
+    keys = list(data.non_tensor_batch["uid"]) if grouped else None
+    expected = slice_stats([s.replace("/", "_") for s in sources], rewards, keys,
+                           out.batch["advantages"].numpy(), data.batch["response_mask"].numpy())
+    if name == "gdpo":  # GDPO's own rewards are its reward keys, read elsewhere: its record has no rewards
+        for values in expected.values():
+            for key in [k for k in values if k.startswith(("rewards/", "groups/")) and k != "rewards/count"]:
+                values.pop(key)
+    for label, values in expected.items():
+        for key, want in values.items():
+            have = record.metrics[f"slices/{label}/{key}"]
+            assert have == pytest.approx(want, rel=1e-9, abs=1e-12, nan_ok=True), (name, label, key)
+    assert {e.get("slice") for e in record.exemplars} <= {"openai_gsm8k", "math"}
+    assert ray_trainer.compute_advantage.__wrapped__ is not None
+
+
+def test_gdpo_reward_keys_get_the_rewards_statistics(instrumented):
+    data = batch(4)
+    data.non_tensor_batch["format"][3] = np.nan
+    config = AlgoConfig(gamma=1.0, lam=1.0, adv_estimator="gdpo", gdpo_reward_keys=["accuracy", "format"])
+    ray_trainer.compute_advantage(data, adv_estimator="gdpo", config=config)
+    metrics = instrumented[-1].metrics
+    for key in ("accuracy", "format"):
+        expected = value_stats(data.non_tensor_batch[key].astype(np.float64))
+        for name in ("mean", "count", "nan_count", "min", "max"):
+            assert metrics[f"rewards/{key}/{name}"] == pytest.approx(expected[name], rel=1e-12, nan_ok=True), (key, name)
+    assert metrics["rewards/format/nan_count"] == 1.0

@@ -15,7 +15,7 @@ import advmon
 from advmon.devices import statistics_path
 
 from .dispatch import Dispatched
-from .reference import slice_stats
+from .reference import slice_stats, value_stats
 from .sketches import prefix_mask
 
 
@@ -164,3 +164,78 @@ def test_slices_of_any_batch_match_numpy(data):
     named = [label.replace("/", "_") for label in labels]
     assert_slices_close(sink.records[-1].metrics,
                         slice_stats(named, rewards.numpy(), keys, advantages.numpy(), mask.numpy()))
+
+
+def test_nemo_rl_estimators_slice_by_the_batchs_task_name(sink):
+    """NeMo-RL passes ``repeated_batch`` (its collate function fills ``task_name`` per sample) to every estimator."""
+    import types
+
+    import advmon.integrations.nemo_rl as advmon_nemo
+
+    from .estimators import GRPOLikeEstimator
+
+    class GRPOAdvantageEstimator(GRPOLikeEstimator):
+        pass
+
+    module = types.SimpleNamespace(GRPOAdvantageEstimator=GRPOAdvantageEstimator)
+    monitor = advmon.Monitor("nemo", sinks=[sink])
+    advmon_nemo.instrument(monitor, module=module)
+    rewards, mask, sources = batch(8)
+    prompts = torch.arange(12).repeat_interleave(4)
+    tasks = [f"task_{s}" for s in sources]
+    estimator = GRPOAdvantageEstimator()
+    advantages = estimator.compute_advantage(prompts, rewards, mask, repeated_batch={"task_name": tasks})
+    estimator.compute_advantage(prompts, rewards, mask, repeated_batch={"message_log": []})  # no task_name: no slices
+    monitor.close()
+    first, second = sink.records[-2:]
+    keys = prompts.tolist()
+    assert_slices_close(first.metrics, slice_stats(tasks, rewards.numpy(), keys, advantages.numpy(), mask.numpy()))
+    assert not any(key.startswith("slices/") for key in second.metrics)
+
+
+# --------------------------------------------------------------------------- per reward function
+
+
+def test_each_reward_function_gets_the_rewards_statistics(sink):
+    rng = np.random.default_rng(9)
+    correctness = rng.integers(0, 2, 24).astype(float)
+    correctness[[3, 7, 8]] = math.nan  # the function returned None
+    formatting = rng.random(24)
+    formatting[5] = math.inf
+    with advmon.Monitor("functions", sinks=[sink]) as monitor:
+        monitor.observe(rewards=torch.from_numpy(np.nan_to_num(correctness) + formatting),
+                        reward_functions={"correctness": torch.from_numpy(correctness), "format/v2": list(formatting)},
+                        group_size=4)
+    metrics = sink.records[-1].metrics
+    for name, values in (("correctness", correctness), ("format_v2", formatting)):
+        expected = value_stats(values)
+        for key in ("mean", "std", "min", "max", "count", "nan_count", "inf_count"):
+            assert metrics[f"rewards/{name}/{key}"] == pytest.approx(expected[key], rel=1e-12, nan_ok=True), (name, key)
+    assert not any(key.startswith("advantages/rewards") for key in metrics)
+
+
+def test_nemo_rl_gdpo_reward_components_are_its_reward_keys(sink):
+    import types
+
+    import advmon.integrations.nemo_rl as advmon_nemo
+
+    from .estimators import GDPOLikeEstimator
+
+    class GDPOAdvantageEstimator(GDPOLikeEstimator):
+        pass
+
+    monitor = advmon.Monitor("gdpo", sinks=[sink])
+    advmon_nemo.instrument(monitor, module=types.SimpleNamespace(GDPOAdvantageEstimator=GDPOAdvantageEstimator))
+    rng = np.random.default_rng(10)
+    correctness = torch.from_numpy(rng.integers(0, 2, 16).astype(np.float32))
+    correctness[2] = math.nan
+    style = torch.from_numpy(rng.random(16).astype(np.float32))
+    prompts = torch.arange(4).repeat_interleave(4)
+    batch_dict = {"reward/correctness": correctness, "reward/style": style, "task_name": ["math"] * 16}
+    GDPOAdvantageEstimator().compute_advantage(prompts, None, torch.ones(16, 3), batch_dict)
+    monitor.close()
+    metrics = sink.records[-1].metrics
+    assert metrics["rewards/correctness/nan_count"] == 1.0
+    assert metrics["rewards/correctness/mean"] == pytest.approx(value_stats(correctness.numpy())["mean"], rel=1e-12)
+    assert metrics["rewards/style/max"] == pytest.approx(float(style.max()), rel=1e-12)
+    assert metrics["slices/math/rewards/count"] == 16

@@ -67,13 +67,22 @@ def config(output_dir: Path, **overrides: Any) -> Any:
     return GRPOConfig(**settings)
 
 
+def sourced_prompts(count: int = 16) -> Any:
+    """Prompts from two sources, ``alpha`` and ``beta``, in a ``data_source`` column."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(count)],
+                              "data_source": ["alpha" if i % 2 else "beta" for i in range(count)]})
+
+
 def trainer(output_dir: Path, monitor: Any, reward_funcs: list | None = None, eval_monitor: Any = None,
-            eval_dataset: Any = None, **overrides: Any) -> Any:
+            eval_dataset: Any = None, train_dataset: Any = None, **overrides: Any) -> Any:
     from advmon.integrations.trl import MonitoredGRPOTrainer
 
     return MonitoredGRPOTrainer(
         model=tiny_llama(), reward_funcs=reward_funcs or [binary_reward], args=config(output_dir, **overrides),
-        train_dataset=prompts(), eval_dataset=eval_dataset, processing_class=tokenizer(),
+        train_dataset=train_dataset if train_dataset is not None else prompts(), eval_dataset=eval_dataset,
+        processing_class=tokenizer(),
         monitor=monitor, eval_monitor=eval_monitor,
     )
 

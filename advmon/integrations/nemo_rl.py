@@ -36,13 +36,17 @@ __all__ = ["ESTIMATORS", "STEP_SOURCE", "instrument", "single_controller_step"]
 MODULE = "nemo_rl.algorithms.advantage_estimator"
 #: NeMo-RL's estimator classes and what advmon reads from them. OPD ignores ``rewards``
 #: (its advantages are teacher minus student log-probabilities), so it has none.
+#: Slices come from the batch NeMo-RL passes along (``repeated_batch``), whose ``task_name``
+#: its collate function fills per sample; a batch without one has no slices.
+_TASKS = "repeated_batch.task_name"
 ESTIMATORS: dict[str, ArgumentNames] = {
-    "GRPOAdvantageEstimator": ArgumentNames(),
-    "GDPOAdvantageEstimator": ArgumentNames(),
-    "ReinforcePlusPlusAdvantageEstimator": ArgumentNames(),
-    "RawRewardAdvantageEstimator": ArgumentNames(),
-    "GeneralizedAdvantageEstimator": ArgumentNames(),
-    "OPDAdvantageEstimator": ArgumentNames(rewards=None),
+    "GRPOAdvantageEstimator": ArgumentNames(slices=_TASKS),
+    # GDPO's reward components are the batch's reward/<name> keys.
+    "GDPOAdvantageEstimator": ArgumentNames(slices=_TASKS, reward_functions="repeated_batch:reward/"),
+    "ReinforcePlusPlusAdvantageEstimator": ArgumentNames(slices=_TASKS),
+    "RawRewardAdvantageEstimator": ArgumentNames(slices=_TASKS),
+    "GeneralizedAdvantageEstimator": ArgumentNames(slices=_TASKS),
+    "OPDAdvantageEstimator": ArgumentNames(rewards=None, slices=_TASKS),
 }
 #: ``ADVMON_STEP_SOURCE`` for the single controller's actor.
 STEP_SOURCE = "advmon.integrations.nemo_rl:single_controller_step"

@@ -18,6 +18,11 @@ the advantages. :class:`AdvmonGRPOMixin` therefore records around that method:
   ``num_iterations`` above 1, a batch is generated, and recorded, once every
   ``steps_per_generation * num_iterations`` steps.
 
+Each reward function's scores (``rewards_per_func``, NaN where it returned ``None``)
+become ``rewards/<function name>/...``, and a dataset column (``slice_column``,
+``data_source`` by default, when every row has it) slices the record:
+``slices/<value>/...`` (docs/drilldown.md).
+
 Evaluation batches go to their own monitor (``eval_monitor``; by default a
 monitor of run ``<run>-eval`` created on the first evaluation), aggregated per
 training step, never into the training sequence. Every process takes part in the
@@ -54,7 +59,7 @@ class AdvmonGRPOMixin:
     """
 
     def __init__(self, *args: Any, monitor: Monitor | None = None, eval_monitor: Monitor | None = None,
-                 **kwargs: Any) -> None:
+                 slice_column: str | None = "data_source", **kwargs: Any) -> None:
         for given in (monitor, eval_monitor):
             if given is not None and given.reduce == "ranks":
                 # The mixin gathers every process's advantages itself and only the main process
@@ -63,7 +68,9 @@ class AdvmonGRPOMixin:
                                         "with reduce='none' (the default)")
         self.advmon_monitor = monitor
         self.advmon_eval_monitor = eval_monitor
+        self.advmon_slice_column = slice_column
         self._advmon_rewards_per_func: torch.Tensor | None = None
+        self._advmon_slices: list[Any] | None = None
         super().__init__(*args, **kwargs)
 
     # The rewards TRL gathered across processes, caught on their way through.
@@ -74,6 +81,8 @@ class AdvmonGRPOMixin:
 
     def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> Any:
         self._advmon_rewards_per_func = None
+        inputs = args[0] if args else kwargs.get("inputs")
+        self._advmon_slices = self._advmon_local_labels(inputs)
         output = super()._generate_and_score_completions(*args, **kwargs)  # type: ignore[misc]
         try:
             self._advmon_record(output)
@@ -89,23 +98,52 @@ class AdvmonGRPOMixin:
     def _advmon_record(self, output: dict[str, Any]) -> None:
         # A collective: every process gathers, whether or not it records.
         advantages = self.accelerator.gather(output["advantages"].detach())  # type: ignore[attr-defined]
+        if self._advmon_slices is not None and self.accelerator.num_processes > 1:  # type: ignore[attr-defined]
+            from accelerate.utils import gather_object
+
+            self._advmon_slices = gather_object(self._advmon_slices)
         if not self.accelerator.is_main_process:  # type: ignore[attr-defined]
             return
         rewards = self._advmon_weighted_rewards()
+        batch = {"rewards": rewards, "advantages": advantages, "reward_functions": self._advmon_per_function(),
+                 "slices": self._advmon_slices}
         step = int(self.state.global_step)  # type: ignore[attr-defined]
         if self.model.training:  # type: ignore[attr-defined]
             monitor = self._advmon_training_monitor()
             with monitor.step(step + 1):
-                monitor.observe(rewards=rewards, advantages=advantages, group_size=self.num_generations)  # type: ignore[attr-defined]
+                monitor.observe(group_size=self.num_generations, **batch)  # type: ignore[attr-defined]
             return
         # TRL before num_generations_eval evaluated with num_generations.
         group_size = getattr(self, "num_generations_eval", None) or self.num_generations  # type: ignore[attr-defined]
         evaluation = self._advmon_evaluation_monitor()
         if evaluation.step_source is not None:  # evaluation batches of one training step form one record
-            evaluation.observe(rewards=rewards, advantages=advantages, group_size=group_size)
+            evaluation.observe(group_size=group_size, **batch)
         else:
             with evaluation.step(step):
-                evaluation.observe(rewards=rewards, advantages=advantages, group_size=group_size)
+                evaluation.observe(group_size=group_size, **batch)
+
+    def _advmon_local_labels(self, inputs: Any) -> list[Any] | None:
+        """This process's rows' ``slice_column`` (``data_source`` by default), if every row has one.
+
+        The column is decided on the first batch by every process alike (they share the
+        dataset's columns), so each takes part in the gather or none does.
+        """
+        column = self.advmon_slice_column
+        if column is None or not isinstance(inputs, list) or not inputs:
+            return None
+        if not all(isinstance(row, dict) and column in row for row in inputs):
+            return None
+        return [row[column] for row in inputs]
+
+    def _advmon_per_function(self) -> dict[str, torch.Tensor] | None:
+        """Each reward function's scores, NaN where it returned ``None`` (TRL's own ``rewards/<name>`` logs)."""
+        per_function = self._advmon_rewards_per_func
+        if per_function is None:
+            return None
+        names = list(getattr(self, "reward_func_names", []))
+        if len(names) != per_function.shape[1]:
+            names = [f"function_{i}" for i in range(per_function.shape[1])]
+        return {name: per_function[:, i] for i, name in enumerate(names)}
 
     def _advmon_training_monitor(self) -> Monitor:
         return self.advmon_monitor if self.advmon_monitor is not None else get_monitor()

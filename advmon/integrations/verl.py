@@ -9,6 +9,10 @@ itself (so an estimator registered later is watched when it is looked up), with
 verl's argument names. :func:`uninstrument` puts everything back.
 
 Nested calls record once: GDPO's inner GRPO calls belong to the GDPO record.
+The batch's ``data_source`` (``non_tensor_batch``) slices every record, and GDPO's
+reward keys (``gdpo_reward_keys``) give ``rewards/<key>/...``: the trainer's
+``compute_advantage`` is wrapped to pass them on (:func:`advmon.sliced_by`,
+:func:`advmon.scored_by`).
 GAE has no groups (its rewards are token-level, summed per sequence); what it
 whitens at the end (the raw GAE advantages) is tapped as its pre_norm stage. The step
 is verl's own counter (``SkipManager.set_step(global_steps)``, set by both
@@ -29,7 +33,7 @@ import sys
 import threading
 from typing import Any
 
-from advmon.hooks import ArgumentNames, active_call, is_watched, tap, watch_with
+from advmon.hooks import ArgumentNames, active_call, is_watched, scored_by, sliced_by, tap, watch_with
 from advmon.monitor import Monitor, get_monitor, set_monitor
 
 __all__ = ["current_step", "install", "instrument", "is_instrumented", "uninstrument"]
@@ -110,6 +114,7 @@ def install(monitor: Monitor | None) -> Monitor | None:
         core_algos.get_adv_estimator_fn = get_adv_estimator_fn
         patched.append((core_algos, "get_adv_estimator_fn", original_lookup))
         patched.append(_tap_gae_pre_whitening())
+        patched += _slice_by_data_source()
         _installed = {"monitor": monitor, "registry": saved_registry, "patched": patched, "later": later}
         return monitor
 
@@ -129,6 +134,32 @@ def _tap_gae_pre_whitening() -> tuple[Any, str, Any]:
     masked_whiten.__wrapped__ = original  # type: ignore[attr-defined]
     verl_functional.masked_whiten = masked_whiten
     return (verl_functional, "masked_whiten", original)
+
+
+def _slice_by_data_source() -> list[tuple[Any, str, Any]]:
+    """verl's estimators get the uids but not ``data_source``: the trainer's ``compute_advantage`` has it.
+
+    Its calls run inside :func:`advmon.hooks.sliced_by` with the batch's
+    ``non_tensor_batch["data_source"]``, so records carry ``slices/<source>/...``.
+    """
+    try:
+        from verl.trainer.ppo import ray_trainer
+    except ImportError:  # a verl build without the Ray trainer: no slices, nothing else changes
+        return []
+    original = ray_trainer.compute_advantage
+
+    def compute_advantage(data, *args, **kwargs):
+        batch = getattr(data, "non_tensor_batch", None)
+        batch = batch if isinstance(batch, dict) else {}
+        config = kwargs.get("config", args[5] if len(args) > 5 else None)
+        # GDPO's reward components: the non-tensor keys its config names.
+        keys = [key for key in (getattr(config, "gdpo_reward_keys", None) or []) if key in batch]
+        with sliced_by(batch.get("data_source")), scored_by({key: batch[key] for key in keys} or None):
+            return original(data, *args, **kwargs)
+
+    compute_advantage.__wrapped__ = original  # type: ignore[attr-defined]
+    ray_trainer.compute_advantage = compute_advantage
+    return [(ray_trainer, "compute_advantage", original)]
 
 
 def _process_monitor() -> Monitor:
