@@ -30,7 +30,19 @@ from typing import Any
 from advmon.groups import GROUP_COUNT_FIELDS
 from advmon.stats import VALUE_KEYS
 
-__all__ = ["REWARD_KEYS", "SLICE_KEYS", "Record", "abs_max", "group_metrics", "slice_metrics", "stage_metrics"]
+__all__ = [
+    "EXEMPLAR_COLUMNS",
+    "REWARD_KEYS",
+    "SLICE_KEYS",
+    "TROUBLE_REASONS",
+    "ExemplarSchedule",
+    "Record",
+    "abs_max",
+    "exemplar_rows",
+    "group_metrics",
+    "slice_metrics",
+    "stage_metrics",
+]
 
 REWARD_KEYS = ("mean", "std", "min", "max", "count", "nan_count", "inf_count")
 _FIELD = {name: i for i, name in enumerate(GROUP_COUNT_FIELDS)}
@@ -126,6 +138,58 @@ def group_metrics(totals: list[float] | None, reward_range: tuple[float, float] 
         metrics["groups/all_low_fraction"] = _ratio(totals[_FIELD["all_low"]], comparable)
         metrics["groups/all_high_fraction"] = _ratio(totals[_FIELD["all_high"]], comparable)
     return metrics
+
+
+#: Columns of an exemplar table (W&B) and their order, from ``Record.exemplars`` entries.
+EXEMPLAR_COLUMNS = (
+    "step", "group", "reason", "slice", "size",
+    "reward_min", "reward_max", "reward_mean", "reward_finite_count", "reward_nan_count", "reward_inf_count",
+    "advantage_abs_max", "advantage_bound_ratio", "advantage_nonfinite_samples",
+)
+#: Exemplar reasons that mean trouble (the rest only rank the largest |advantage|).
+TROUBLE_REASONS = ("nonfinite_rewards", "nonfinite_advantages", "beyond_bound")
+
+
+class ExemplarSchedule:
+    """When a sink stores a record's exemplars: at every step that names a troubled group, and every ``every`` steps.
+
+    A step's exemplars are up to ``k`` small dicts; a W&B table or an MLflow artifact
+    per step would still grow without bound over a long run, so quiet steps are
+    sampled.
+
+    Example:
+        >>> schedule = ExemplarSchedule(every=10)
+        >>> quiet = [{"reason": "largest_abs_advantage"}]
+        >>> [schedule.due(Record("r", s, 0.0, "e", None, {}, quiet)) for s in (0, 1, 10, 11)]
+        [True, False, True, False]
+        >>> schedule.due(Record("r", 12, 0.0, "e", None, {}, [{"reason": "nonfinite_rewards"}]))
+        True
+    """
+
+    def __init__(self, every: int = 100) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"exemplars_every must be an int >= 1, got {every!r}")
+        self.every = every
+        self._next_quiet: int | None = None
+
+    def due(self, record: Record) -> bool:
+        if not record.exemplars:
+            return False
+        if any(entry.get("reason") in TROUBLE_REASONS for entry in record.exemplars):
+            return True
+        if self._next_quiet is None or record.step >= self._next_quiet:
+            self._next_quiet = record.step + self.every
+            return True
+        return False
+
+
+def exemplar_rows(record: Record) -> list[list[Any]]:
+    """The record's exemplars as table rows in :data:`EXEMPLAR_COLUMNS` order (``None`` for what is not a number)."""
+    rows = []
+    for entry in record.exemplars:
+        row = [record.step] + [entry.get(column) for column in EXEMPLAR_COLUMNS[1:]]
+        rows.append([None if isinstance(v, float) and not math.isfinite(v) else v for v in row])
+    return rows
 
 
 #: A slice's keys under ``slices/<label>/``.

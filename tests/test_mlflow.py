@@ -132,3 +132,40 @@ def test_replay_reports_what_it_could_not_send(tmp_path, capsys, monkeypatch):
     assert "1 record(s) could not be sent" in capsys.readouterr().err
     assert cli(["replay", str(jsonl), "--to", "kafka:x"]) == 1
     assert "valid forms" in capsys.readouterr().err
+
+
+def test_exemplars_go_to_json_artifacts_at_troubled_steps_and_every_n(tmp_path):
+    import json
+
+    from advmon.sinks.mlflow import exemplar_artifact
+
+    server, url = start_mlflow_server(tmp_path, tmp_path / "server.db")
+    try:
+        jsonl = tmp_path / "r.jsonl"
+        monitor = advmon.Monitor("ml-exemplars", sinks=[advmon.JsonlSink(jsonl), MlflowSink(url, exemplars_every=4)],
+                                 exemplars=2)
+
+        @monitor.watch(groups=None, group_size=8)
+        def compute_advantage(rewards, mask):  # float64 GRPO: quiet steps stay quiet
+            grouped = rewards.double().view(-1, 8)
+            advantages = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)
+            return advantages.reshape(-1, 1).expand(mask.shape)
+
+        for step in range(6):
+            _, rewards, mask = grpo_batch(seed=step, nan_rewards=2 if step == 1 else 0)
+            with monitor.step(step):
+                compute_advantage(rewards, mask)
+        monitor.close()
+        records = {r.step: r for r in advmon.read_jsonl(jsonl)}
+        client = mlflow.tracking.MlflowClient(tracking_uri=url)
+        run_id, _ = histories(url, "ml-exemplars")
+        stored = sorted(a.path for a in client.list_artifacts(run_id, "advmon/exemplars"))
+        assert stored == [exemplar_artifact(step) for step in (0, 1, 4)]  # first, the NaN step, four on
+        for step in (0, 1, 4):
+            payload = json.loads(open(client.download_artifacts(run_id, exemplar_artifact(step), str(tmp_path))).read())
+            assert payload["step"] == step and payload["run"] == "ml-exemplars"
+            assert payload["exemplars"] == records[step].to_dict()["exemplars"]
+        assert payload and json.loads(open(client.download_artifacts(run_id, exemplar_artifact(1), str(tmp_path))).read(
+        ))["exemplars"][0]["reason"] == "nonfinite_rewards"
+    finally:
+        server.stop()

@@ -150,3 +150,36 @@ def test_records_queued_at_exit_reach_wandb_before_it_finishes(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert [row["advmon/step"] for row in history_rows(run_file(tmp_path))] == [0, 1, 2, 3, 4]
+
+
+def test_exemplars_go_to_a_table_at_troubled_steps_and_every_n(tmp_path, offline_wandb):
+    import json
+
+    sink = WandbSink(project="advmon-test", dir=str(tmp_path), exemplars_every=10)
+    monitor = advmon.Monitor("wb-exemplars", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), sink], exemplars=3)
+
+    @monitor.watch(groups=None, group_size=8)
+    def compute_advantage(rewards, mask):  # float64 GRPO: no cancellation outliers, so quiet steps are quiet
+        grouped = rewards.double().view(-1, 8)
+        advantages = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)
+        return advantages.reshape(-1, 1).expand(mask.shape)
+
+    for step in range(0, 13):
+        _, rewards, mask = grpo_batch(seed=step, nan_rewards=1 if step == 5 else 0)
+        with monitor.step(step):
+            compute_advantage(rewards, mask)
+    monitor.close()
+    records = {r.step: r for r in advmon.read_jsonl(tmp_path / "r.jsonl")}
+    path = run_file(tmp_path)
+    tables = {row["advmon/step"]: row["advmon/exemplars/path"] for row in history_rows(path)
+              if "advmon/exemplars/path" in row}
+    assert sorted(tables) == [0, 5, 10]  # the first, the NaN step, then ten steps on
+    for step, reference in tables.items():
+        table = json.loads((path.parent / "files" / reference).read_text())
+        assert table["columns"][:4] == ["step", "group", "reason", "slice"]
+        expected = records[step].exemplars
+        assert [row[1] for row in table["data"]] == [e["group"] for e in expected]
+        assert [row[2] for row in table["data"]] == [e["reason"] for e in expected]
+        assert table["data"][0][11] == pytest.approx(expected[0]["advantage_abs_max"], nan_ok=True) or \
+            table["data"][0][11] is None
+    assert json.loads((path.parent / "files" / tables[5]).read_text())["data"][0][2] == "nonfinite_rewards"

@@ -4,6 +4,9 @@ Keys are kept as they are (MLflow allows ``/``); characters MLflow forbids becom
 ``_``. A run advmon creates is tagged ``advmon.run=<run id>``, so a later
 ``advmon replay`` finds it and backfills the same MLflow run.
 
+A record's worst groups go to a JSON artifact per step
+(:func:`exemplar_artifact`) at steps :class:`~advmon.record.ExemplarSchedule` picks.
+
 A dead tracking server makes MLflow's HTTP client retry for a long time
 (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``MLFLOW_HTTP_REQUEST_TIMEOUT``); that
 happens on advmon's background thread, never on the training thread.
@@ -11,16 +14,17 @@ happens on advmon's background thread, never on the training thread.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from advmon.record import Record
+from advmon.record import ExemplarSchedule, Record
 from advmon.redact import redact_url, remember_secrets
 from advmon.sinks.base import Sink, require
 
-__all__ = ["MlflowSink", "mlflow_key", "search_tagged_runs"]
+__all__ = ["MlflowSink", "exemplar_artifact", "mlflow_key", "search_tagged_runs"]
 
 RUN_TAG = "advmon.run"
 _BATCH_LIMIT = 1000  # MLflow's maximum number of metrics per log_batch call
@@ -47,6 +51,16 @@ def search_tagged_runs(client: Any, experiment_ids: list[str], value: str, max_r
     return list(found)
 
 
+def exemplar_artifact(step: int) -> str:
+    """Where a step's exemplars are stored in the run's artifacts.
+
+    Example:
+        >>> exemplar_artifact(42)
+        'advmon/exemplars/step-00000042.json'
+    """
+    return f"advmon/exemplars/step-{step:08d}.json"
+
+
 def mlflow_key(key: str) -> str:
     """``key`` with the characters MLflow rejects replaced by ``_``.
 
@@ -68,12 +82,17 @@ class MlflowSink(Sink):
             monitor is created (MLflow's active run is per thread, and records are
             written on advmon's own thread), else a run tagged with advmon's run
             id, found or created.
+        exemplars_every: a record's worst groups go to a JSON artifact
+            (``advmon/exemplars/step-<step>.json``) at every step that names a
+            troubled group (non-finite or beyond the bound), and at one step in this many.
     """
 
     name = "mlflow"
 
-    def __init__(self, tracking_uri: str | None = None, experiment: str | None = None, run_id: str | None = None) -> None:
+    def __init__(self, tracking_uri: str | None = None, experiment: str | None = None, run_id: str | None = None,
+                 exemplars_every: int = 100) -> None:
         self._mlflow = require("mlflow", "mlflow")
+        self._exemplars = ExemplarSchedule(exemplars_every)
         remember_secrets(tracking_uri)  # scrubbed from every message advmon emits
         self.tracking_uri = tracking_uri
         self.experiment = experiment
@@ -132,6 +151,11 @@ class MlflowSink(Sink):
         ]
         for start in range(0, len(metrics), _BATCH_LIMIT):
             self.client.log_batch(run_id, metrics=metrics[start : start + _BATCH_LIMIT])
+        for record in records:
+            if self._exemplars.due(record):
+                data = record.to_dict()
+                payload = {key: data[key] for key in ("run", "step", "time", "exemplars")}
+                self.client.log_text(run_id, json.dumps(payload, indent=1), exemplar_artifact(record.step))
 
     def close(self) -> None:
         if self._owned and self.run_id is not None:

@@ -10,7 +10,8 @@ committed with it, so advmon can never move W&B's step (a trainer that logs
 key: if advmon emits two records before the trainer starts a new row, the row
 keeps the later one (the JSONL file keeps both). For one row per record whatever
 the trainer does, give advmon a run of its own: ``WandbSink(join_active_run=False)``.
-Advantage keys get min/max/last summaries.
+Advantage keys get min/max/last summaries. A record's worst groups go to a Table,
+``advmon/exemplars``, at steps :class:`~advmon.record.ExemplarSchedule` picks.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from advmon.errors import AdvmonConfigError
-from advmon.record import Record
+from advmon.record import EXEMPLAR_COLUMNS, ExemplarSchedule, Record, exemplar_rows
 from advmon.sinks.base import Sink, require
 
 __all__ = ["WandbSink"]
 
 STEP_KEY = "advmon/step"
+#: The W&B Table of a record's worst groups.
+EXEMPLARS_KEY = "advmon/exemplars"
 _STEPPED = ("rewards/*", "groups/*", "estimator/*", "advmon/internal_errors", "advmon/sink_errors/*", "advmon/dropped_records/*")
 
 
@@ -60,6 +63,9 @@ class WandbSink(Sink):
             run of advmon's own beside it (``reinit="create_new"``).
         init_kwargs: extra ``wandb.init`` arguments for a run advmon starts
             (``entity``, ``mode``, ``dir``, ``config``...).
+        exemplars_every: a record's worst groups go to a W&B Table
+            (``advmon/exemplars``) at every step that names a troubled group
+            (non-finite or beyond the bound), and at one step in this many.
     """
 
     name = "wandb"
@@ -68,9 +74,11 @@ class WandbSink(Sink):
     delivery_interval = 1.0
 
     def __init__(
-        self, project: str | None = None, run: Any = None, join_active_run: bool = True, **init_kwargs: Any
+        self, project: str | None = None, run: Any = None, join_active_run: bool = True, exemplars_every: int = 100,
+        **init_kwargs: Any,
     ) -> None:
         self._wandb = require("wandb", "wandb")
+        self._exemplars = ExemplarSchedule(exemplars_every)
         _check_writable(init_kwargs.get("dir") or os.environ.get("WANDB_DIR"))
         self.project = project
         self.join_active_run = join_active_run
@@ -110,8 +118,10 @@ class WandbSink(Sink):
             for pattern in _STEPPED:
                 run.define_metric(pattern, step_metric=STEP_KEY)
             self._declared = True
-        data: dict[str, float] = {k: v for k, v in record.metrics.items() if math.isfinite(v)}
+        data: dict[str, Any] = {k: v for k, v in record.metrics.items() if math.isfinite(v)}
         data[STEP_KEY] = record.step
+        if self._exemplars.due(record):
+            data[EXEMPLARS_KEY] = self._wandb.Table(columns=list(EXEMPLAR_COLUMNS), data=exemplar_rows(record))
         run.log(data, commit=self._owned)
 
     def close(self) -> None:
