@@ -102,8 +102,10 @@ def start_prometheus(
     honor_labels: bool = False,
     rule_files: list[Path] = (),
     alertmanager: str | None = None,
+    features: tuple[str, ...] = (),
 ) -> tuple[Service, str]:
-    """Prometheus scraping ``targets`` ({job: host:port}) every second, with rules and an Alertmanager."""
+    """Prometheus scraping ``targets`` ({job: host:port}) every second, with rules, an Alertmanager and
+    ``--enable-feature`` flags (``exemplar-storage``)."""
     binary = require_binary("prometheus")
     port = free_port()
     jobs = "\n".join(
@@ -128,6 +130,7 @@ def start_prometheus(
             f"--config.file={config}",
             f"--storage.tsdb.path={workdir / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{port}",
+            *(f"--enable-feature={feature}" for feature in features),
         ],
         workdir,
         f"{url}/-/ready",

@@ -206,3 +206,46 @@ def test_a_free_port_is_logged_for_the_scrape_configuration(caplog):
         assert f"http://127.0.0.1:{sink.port}/metrics" in caplog.text
     finally:
         sink.close()
+
+
+def test_slices_and_reward_functions_as_gauges_and_the_worst_group_as_an_exemplar(tmp_path):
+    """Read back from a real Prometheus with exemplar storage (/api/v1/query_exemplars)."""
+    import time
+
+    sink = PrometheusSink(port=0)
+    prometheus, url = start_prometheus(tmp_path, {"advmon": f"127.0.0.1:{sink.port}"}, features=("exemplar-storage",))
+    try:
+        with advmon.Monitor("sliced", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), sink], max_slices=2) as monitor:
+            rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, math.nan, 0.5, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+            labels = ["gsm8k"] * 4 + ["math"] * 4 + ["code"] * 2 + ["poems"] * 2
+            started = time.time()
+            monitor.observe(rewards=rewards, advantages=rewards - 0.5, group_size=4, slices=labels,
+                            reward_functions={"correctness": rewards, "format": torch.ones(12)})
+            record = monitor.last_record
+            m = record.metrics
+            expected = {
+                'advmon_slice_reward_mean{slice="gsm8k"}': m["slices/gsm8k/rewards/mean"],
+                'advmon_slice_reward_nonfinite{slice="math",kind="nan"}': 1.0,
+                'advmon_slice_zero_std_group_ratio{slice="other"}': m["slices/other/groups/zero_std_fraction"],
+                'advmon_slice_rewards{slice="other"}': 4.0,
+                'advmon_slice_advantage_abs_max{slice="math"}': m["slices/math/advantages/post_norm/abs_max"],
+                'advmon_reward_function_nonfinite{function="correctness",kind="nan"}': 1.0,
+                'advmon_reward_function_mean{function="format"}': 1.0,
+            }
+            assert_prometheus_has(url, "sliced", expected)
+            # Bounded: gsm8k and math kept their names, code and poems are 'other'.
+            assert {r["metric"]["slice"] for r in query(url, 'advmon_slice_rewards{run="sliced"}')} == {"gsm8k", "math", "other"}
+
+            def exemplars():
+                params = urllib.parse.urlencode({"query": 'advmon_nonfinite_values_total{run="sliced",stage="reward",kind="nan"}',
+                                                 "start": started - 60, "end": time.time() + 60})
+                found = json.loads(http_get(f"{url}/api/v1/query_exemplars?{params}"))["data"]
+                return [e for series in found for e in series["exemplars"]]
+
+            wait_for(lambda: exemplars(), 40, "Prometheus to store the exemplar")
+            (exemplar,) = exemplars()[:1]
+            worst = record.exemplars[0]
+            assert exemplar["labels"] == {"group": worst["group"], "slice": "math"} and worst["group"] == "samples 4-7"
+            assert float(exemplar["value"]) == 1.0
+    finally:
+        prometheus.stop()

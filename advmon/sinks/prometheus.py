@@ -16,6 +16,16 @@ normalized advantage), ``advmon_step``, ``advmon_last_update_timestamp_seconds``
 Counters: ``advmon_nonfinite_values_total{stage="reward|pre_norm|post_norm",kind="nan|inf"}``,
 ``advmon_updates_total``, ``advmon_internal_errors_total``,
 ``advmon_sink_errors_total{sink}``, ``advmon_dropped_records_total{sink}``.
+
+Drill-down (docs/drilldown.md), for the slices and reward functions of the last
+record: ``advmon_slice_rewards{slice}``, ``advmon_slice_reward_mean{slice}``,
+``advmon_slice_reward_nonfinite{slice,kind}``, ``advmon_slice_zero_std_group_ratio{slice}``,
+``advmon_slice_advantage_mean{slice}``, ``advmon_slice_advantage_abs_max{slice}``;
+``advmon_reward_function_mean{function}``, ``advmon_reward_function_nonfinite{function,kind}``.
+Their cardinality is bounded: at most ``Monitor(max_slices=16)`` slices plus
+``other`` per run, and the reward functions a trainer has. The non-finite counters
+carry an OpenMetrics exemplar naming the worst group of the latest step that added
+to them (``group``, and ``slice`` when known), for Prometheus's exemplar storage.
 """
 
 from __future__ import annotations
@@ -57,6 +67,8 @@ class AdvmonCollector:
         self._nonfinite = {(stage, kind): 0.0 for stage, _ in _NONFINITE_STAGES for kind in ("nan", "inf")}
         self._updates = 0.0
         self._sinks = dict.fromkeys(sink_names)  # ordered set of sink names
+        #: (stage, kind) -> (exemplar labels, value, time): the worst group of the latest step that counted there.
+        self._exemplars: dict[tuple[str, str], tuple[dict[str, str], float, float]] = {}
 
     def continue_from(self, counters: dict[tuple[str, tuple], float]) -> None:
         """Add counts already published for this run (a continued run) to the accumulated counters."""
@@ -79,6 +91,9 @@ class AdvmonCollector:
                 count = record.metrics.get(f"{prefix}/{kind}_count", math.nan)
                 if math.isfinite(count):
                     self._nonfinite[(stage, kind)] = value + count
+                    worst = _worst_group(record, stage, kind) if count > 0 else None
+                    if worst is not None:
+                        self._exemplars[(stage, kind)] = (worst, count, record.time)
             for key in record.metrics:
                 for family in ("advmon/sink_errors/", "advmon/dropped_records/"):
                     if key.startswith(family):
@@ -92,6 +107,7 @@ class AdvmonCollector:
 
         with self._lock:
             record, nonfinite, updates, sinks = self._latest, dict(self._nonfinite), self._updates, list(self._sinks)
+            exemplars = dict(self._exemplars)
         run = self.run
         metrics = record.metrics if record is not None else {}
 
@@ -101,9 +117,13 @@ class AdvmonCollector:
         def gauge(name: str, doc: str, labels: Sequence[str] = ()) -> Any:
             return GaugeMetricFamily(name, doc, labels=["run", *labels])
 
+        from prometheus_client.samples import Exemplar
+
         family = counter("advmon_nonfinite_values", "NaN and Inf values seen, by stage and kind", ["stage", "kind"])
         for (stage, kind), value in nonfinite.items():
-            family.add_metric([run, stage, kind], value)
+            found = exemplars.get((stage, kind))
+            exemplar = Exemplar(found[0], found[1], found[2]) if found is not None else None
+            family.add_metric([run, stage, kind], value, exemplar=exemplar)
         yield family
         family = counter("advmon_updates", "Records advmon emitted for this run")
         family.add_metric([run], updates)
@@ -149,12 +169,93 @@ class AdvmonCollector:
             family = gauge(name, doc)
             family.add_metric([run], metrics.get(key, math.nan))
             yield family
+        yield from _drilldown_families(run, metrics, gauge)
         family = gauge("advmon_step", "Training step of the last record")
         family.add_metric([run], float(record.step))
         yield family
         family = gauge("advmon_last_update_timestamp_seconds", "Unix time of the last record")
         family.add_metric([run], record.time)
         yield family
+
+
+#: (gauge, record key under slices/<label>/, help)
+_SLICE_GAUGES = (
+    ("advmon_slice_rewards", "rewards/count", "Sequences of the slice in the last step"),
+    ("advmon_slice_reward_mean", "rewards/mean", "Mean finite reward of the slice in the last step"),
+    ("advmon_slice_zero_std_group_ratio", "groups/zero_std_fraction",
+     "Fraction of the slice's groups whose rewards are all equal"),
+    ("advmon_slice_advantage_mean", "advantages/post_norm/mean", "Mean post-norm advantage of the slice"),
+    ("advmon_slice_advantage_abs_max", "advantages/post_norm/abs_max", "Largest |post-norm advantage| of the slice"),
+)
+#: OpenMetrics allows 128 characters of exemplar label names and values together.
+_EXEMPLAR_LABEL_CHARACTERS = 128
+
+
+def _labelled(metrics: dict[str, float], family: str, keys: Sequence[str]) -> dict[str, dict[str, float]]:
+    """``{label: {key: value}}`` of the record's ``<family>/<label>/<key>`` metrics."""
+    found: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():
+        if not key.startswith(family + "/"):
+            continue
+        label, _, rest = key[len(family) + 1 :].partition("/")
+        if rest in keys:
+            found.setdefault(label, {})[rest] = value
+    return found
+
+
+def _drilldown_families(run: str, metrics: dict[str, float], gauge: Any) -> Iterator[Any]:
+    slices = _labelled(metrics, "slices", [key for _, key, _ in _SLICE_GAUGES] + ["rewards/nan_count", "rewards/inf_count"])
+    if slices:
+        for name, key, doc in _SLICE_GAUGES:
+            family = gauge(name, doc, ["slice"])
+            for label, values in sorted(slices.items()):
+                family.add_metric([run, label], values.get(key, math.nan))
+            yield family
+        family = gauge("advmon_slice_reward_nonfinite", "NaN and Inf rewards of the slice in the last step",
+                       ["slice", "kind"])
+        for label, values in sorted(slices.items()):
+            for kind in ("nan", "inf"):
+                family.add_metric([run, label, kind], values.get(f"rewards/{kind}_count", math.nan))
+        yield family
+    functions = _labelled(metrics, "rewards", ["mean", "nan_count", "inf_count"])
+    if functions:
+        family = gauge("advmon_reward_function_mean", "Mean finite reward of each reward function", ["function"])
+        for name, values in sorted(functions.items()):
+            family.add_metric([run, name], values.get("mean", math.nan))
+        yield family
+        family = gauge("advmon_reward_function_nonfinite",
+                       "NaN (a function that returned None) and Inf rewards of each function in the last step",
+                       ["function", "kind"])
+        for name, values in sorted(functions.items()):
+            for kind in ("nan", "inf"):
+                family.add_metric([run, name, kind], values.get(f"{kind}_count", math.nan))
+        yield family
+
+
+def _worst_group(record: Record, stage: str, kind: str) -> dict[str, str] | None:
+    """Exemplar labels naming the record's worst group behind a stage's non-finite values."""
+    for entry in record.exemplars:
+        if stage == "reward":
+            hit = entry.get(f"reward_{kind}_count", 0) > 0
+        elif stage == "post_norm":
+            hit = entry.get("advantage_nonfinite_samples", 0) > 0
+        else:
+            hit = entry.get("reason") in ("nonfinite_rewards", "nonfinite_advantages")
+        if hit:
+            labels = {"group": str(entry["group"])}
+            if entry.get("slice") is not None:
+                labels["slice"] = str(entry["slice"])
+            return _within_exemplar_limit(labels)
+    return None
+
+
+def _within_exemplar_limit(labels: dict[str, str]) -> dict[str, str]:
+    """Shorten the group key so that the labels fit OpenMetrics's 128 characters."""
+    others = sum(len(k) + len(v) for k, v in labels.items() if k != "group")
+    room = _EXEMPLAR_LABEL_CHARACTERS - others - len("group")
+    if len(labels["group"]) > room:
+        labels["group"] = labels["group"][: max(room - 1, 1)] + "~"
+    return labels
 
 
 class _CollectorSink(Sink):
