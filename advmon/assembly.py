@@ -138,7 +138,7 @@ def exemplar_entries(table: np.ndarray, keys: GroupKeys, slice_of: Sequence[str]
     """The record's exemplars from a call's worst-groups table (its last column names the group).
 
     Example:
-        >>> row = [3, 16, 8, 8, 0, 0, 0.0, 1.0, 0.5, 2.5, 0, 0.94, float("nan")]
+        >>> row = [4, 16, 8, 8, 0, 0, 0, 0.0, 1.0, 0.5, 2.5, 0, 0.94, float("nan")]
         >>> entry = exemplar_entries(np.array([row]), GroupKeys("blocks", (8, 64)))[0]
         >>> entry["group"], entry["reason"], entry["size"], entry["advantage_abs_max"]
         ('samples 16-23', 'largest_abs_advantage', 8, 2.5)
@@ -164,7 +164,8 @@ def worst_first(entries: Sequence[dict[str, Any]], k: int) -> list[dict[str, Any
     """The ``k`` worst of a step's exemplars (calls and ranks merged), ranked as each call ranked its own."""
 
     def badness(entry: dict[str, Any]) -> tuple[float, float, float]:
-        nonfinite = entry["reward_nan_count"] + entry["reward_inf_count"] + entry["advantage_nonfinite_samples"]
+        nonfinite = (entry["reward_nan_count"] + entry["reward_inf_count"] + entry["reward_function_nonfinite_count"]
+                     + entry["advantage_nonfinite_samples"])
         peak = entry["advantage_abs_max"]
         return REASONS.index(entry["reason"]), -nonfinite, -(peak if peak == peak else -1.0)
 

@@ -9,8 +9,9 @@ transfer.
 
 Groups are ranked by why they were chosen, then by how bad they are:
 
-0. **non-finite**: a NaN or Inf reward, or a sample with a non-finite valid
-   advantage (most non-finite samples first);
+0. **non-finite**: a NaN or Inf reward, a reward function's NaN or Inf score
+   (it returned ``None``) although the summed reward is finite, or a sample
+   with a non-finite valid advantage (most non-finite values first);
 1. **beyond the bound**: the group's largest finite |post-norm advantage| is more
    than ``bound_factor`` times ``G / sqrt(G - 1)``, the most any group-std
    normalization of ``G`` samples allows;
@@ -42,7 +43,8 @@ import torch
 __all__ = ["FIELDS", "REASONS", "RewardSegments", "reward_segments", "worst_groups"]
 
 #: Why a group was chosen, by its ``reason`` code; ``NOT_CHOSEN`` rows are dropped on the host.
-REASONS = ("nonfinite_rewards", "nonfinite_advantages", "beyond_bound", "largest_abs_advantage")
+REASONS = ("nonfinite_rewards", "nonfinite_reward_functions", "nonfinite_advantages", "beyond_bound",
+           "largest_abs_advantage")
 NOT_CHOSEN = len(REASONS)
 #: Columns of :func:`worst_groups`' table.
 FIELDS = (
@@ -52,6 +54,7 @@ FIELDS = (
     "reward_finite_count",
     "reward_nan_count",
     "reward_inf_count",
+    "reward_function_nonfinite_count",  #: NaN or Inf scores of the reward functions (a function returned None)
     "reward_min",
     "reward_max",
     "reward_mean",
@@ -74,12 +77,17 @@ class RewardSegments(NamedTuple):
     min: torch.Tensor
     max: torch.Tensor
     mean: torch.Tensor
+    function_nonfinite: torch.Tensor  #: the reward functions' NaN and Inf scores in the group
 
 
-def reward_segments(rewards: torch.Tensor, ids: torch.Tensor) -> RewardSegments:
+def reward_segments(
+    rewards: torch.Tensor, ids: torch.Tensor, function_nonfinite: torch.Tensor | None = None
+) -> RewardSegments:
     """Every group's reward values, taken before the estimator runs (it may change rewards in place).
 
-    ``ids`` are dense group ids in ``[0, B)`` (:func:`advmon.groups.group_ids`).
+    ``ids`` are dense group ids in ``[0, B)`` (:func:`advmon.groups.group_ids`);
+    ``function_nonfinite`` counts, per sample, the reward functions whose score is
+    NaN or Inf.
     """
     rewards = rewards.to(torch.float64)
     count = rewards.shape[0]
@@ -102,6 +110,8 @@ def reward_segments(rewards: torch.Tensor, ids: torch.Tensor) -> RewardSegments:
     above = per_slot((ordered - low[group_of]).masked_fill(~finite, 0.0), "sum", 0.0)
     size = bounds.diff().to(torch.float64)
     nan_count = per_slot(nan.to(torch.float64), "sum", 0.0)
+    functions = torch.zeros_like(nan_count) if function_nonfinite is None else per_slot(
+        function_nonfinite.to(torch.float64)[order], "sum", 0.0)
     return RewardSegments(
         order=order,
         bounds=bounds,
@@ -112,6 +122,7 @@ def reward_segments(rewards: torch.Tensor, ids: torch.Tensor) -> RewardSegments:
         min=low,
         max=high,
         mean=low + above / finite_count,
+        function_nonfinite=functions,
     )
 
 
@@ -142,16 +153,20 @@ def worst_groups(
     # nan for groups of one (no bound: one sample normalizes to nothing) and without advantages.
     ratio = (peak / (size / torch.sqrt(size - 1))).masked_fill(size < 2, math.nan)
     reward_bad = segments.nan + segments.inf
+    function_bad = segments.function_nonfinite
     reason = torch.full((slots,), float(NOT_CHOSEN), dtype=torch.float64, device=order.device)
     reason = reason.masked_fill(peak >= 0, float(REASONS.index("largest_abs_advantage")))
     reason = reason.masked_fill(ratio > bound_factor, float(REASONS.index("beyond_bound")))
     reason = reason.masked_fill(bad > 0, float(REASONS.index("nonfinite_advantages")))
+    reason = reason.masked_fill(function_bad > 0, float(REASONS.index("nonfinite_reward_functions")))
     reason = reason.masked_fill(reward_bad > 0, float(REASONS.index("nonfinite_rewards")))
     reason = reason.masked_fill(size == 0, float(NOT_CHOSEN))
     # Worst first: by the largest |A|, then (one whole-number key, exact in int64) by reason and most
     # non-finite values; stable sorts, the last key first.
     ranked = torch.argsort(torch.nan_to_num(peak, nan=-1.0), descending=True, stable=True)
-    primary = reason.to(torch.int64) * (2 * slots + 1) - (reward_bad + bad).to(torch.int64)
+    nonfinite = (reward_bad + function_bad + bad).to(torch.int64)
+    span = nonfinite.max() + 1 if slots else 1  # a tensor on the device: no sync
+    primary = reason.to(torch.int64) * span - nonfinite
     ranked = ranked[torch.argsort(primary[ranked], stable=True)][: min(k, slots)]
     first = order[bounds[:-1].clamp(max=max(order.shape[0] - 1, 0))].to(torch.float64)
     columns = {
@@ -161,6 +176,7 @@ def worst_groups(
         "reward_finite_count": segments.finite,
         "reward_nan_count": segments.nan,
         "reward_inf_count": segments.inf,
+        "reward_function_nonfinite_count": function_bad,
         "reward_min": segments.min.masked_fill(segments.finite == 0, math.nan),
         "reward_max": segments.max.masked_fill(segments.finite == 0, math.nan),
         "reward_mean": segments.mean,

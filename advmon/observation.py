@@ -249,6 +249,7 @@ class InputObservation:
     sample_slices: list[int] | None = None  #: the same, on the host
     slice_index: SliceIndex | None = None
     pending_slices: tuple[Any, SliceIndex] | None = None  #: labels not yet numbered (no batch size yet)
+    function_nonfinite: torch.Tensor | None = None  #: per sample: reward functions that scored it NaN or Inf
 
 
 def observe_inputs(
@@ -280,10 +281,12 @@ def observe_inputs(
     seen = InputObservation(CallParts(estimator=estimator), groups=groups, group_size=group_size,
                             exemplars=exemplars, bound_factor=bound_factor)
     seen.mask = _attempt(problems, lambda: as_tensor(mask, "mask"))
+    functions = []
     for name, values in (reward_functions or {}).items():
         function = _attempt(problems, lambda values=values: as_tensor(values, "reward function values"))
         if function is not None:
             seen.parts.stages[f"rewards/{slice_name(name)}"] = [value_part(function.reshape(-1))]
+            functions.append(function.reshape(-1))
     if rewards is not None or rewards_expected:
         seen.rewards = _attempt(problems, lambda: _rewards(rewards, seen.mask))
     if slices is not None and slice_index is not None:
@@ -299,9 +302,21 @@ def observe_inputs(
     parts.pre_norm_source = "derived"
     if seen.pending_slices is not None:
         _attempt(problems, lambda: _slice_slots(seen, batch, seen.rewards.device))
+    seen.function_nonfinite = _function_nonfinite(functions, seen.rewards)
     if (exemplars > 0 or seen.slice_slots is not None) and seen.group_ids is not None:
-        seen.segments = reward_segments(seen.rewards, seen.group_ids)
+        seen.segments = reward_segments(seen.rewards, seen.group_ids, seen.function_nonfinite)
     return seen
+
+
+def _function_nonfinite(functions: list[torch.Tensor], rewards: torch.Tensor) -> torch.Tensor | None:
+    """Per sample, how many reward functions scored it NaN or Inf (those of the batch's length)."""
+    counts = None
+    for values in functions:
+        if values.shape[0] != rewards.shape[0]:
+            continue
+        bad = (~torch.isfinite(to_device(values, rewards.device))).to(torch.float64)
+        counts = bad if counts is None else counts + bad
+    return counts
 
 
 def _slice_slots(seen: InputObservation, batch: int, device: torch.device) -> None:
@@ -414,7 +429,8 @@ def _add_drilldown(seen: InputObservation, advantages: torch.Tensor | None) -> N
         exemplars = torch.cat([table, key_column.unsqueeze(1)], dim=1)
     slices = None
     if seen.slice_slots is not None:
-        slices = slice_table(seen.slice_slots, seen.slice_index.slots, seen.rewards, seen.segments, rows)
+        slices = slice_table(seen.slice_slots, seen.slice_index.slots, seen.rewards, seen.segments, rows,
+                             seen.function_nonfinite)
     # Only whole results join the record: a failure above leaves the call's parts as they were.
     parts = seen.parts
     if exemplars is not None:

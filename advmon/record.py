@@ -144,10 +144,10 @@ def group_metrics(totals: list[float] | None, reward_range: tuple[float, float] 
 EXEMPLAR_COLUMNS = (
     "step", "group", "reason", "slice", "size",
     "reward_min", "reward_max", "reward_mean", "reward_finite_count", "reward_nan_count", "reward_inf_count",
-    "advantage_abs_max", "advantage_bound_ratio", "advantage_nonfinite_samples",
+    "reward_function_nonfinite_count", "advantage_abs_max", "advantage_bound_ratio", "advantage_nonfinite_samples",
 )
 #: Exemplar reasons that mean trouble (the rest only rank the largest |advantage|).
-TROUBLE_REASONS = ("nonfinite_rewards", "nonfinite_advantages", "beyond_bound")
+TROUBLE_REASONS = ("nonfinite_rewards", "nonfinite_reward_functions", "nonfinite_advantages", "beyond_bound")
 
 
 class ExemplarSchedule:
@@ -198,6 +198,7 @@ SLICE_KEYS = (
     "rewards/mean",
     "rewards/nan_count",
     "rewards/inf_count",
+    "rewards/function_nonfinite_count",
     "groups/comparable_count",
     "groups/zero_std_count",
     "groups/zero_std_fraction",
@@ -211,17 +212,19 @@ def slice_metrics(name: str, sums: Any) -> dict[str, float]:
     """A slice's keys from its merged sums (in :data:`advmon.slices.SLICE_FIELDS` order).
 
     Example:
-        >>> sums = [4, 3, 1.5, 1, 0, 2, 1, 40, 8.0, 2.5]
+        >>> sums = [4, 3, 1.5, 1, 0, 0, 2, 1, 40, 8.0, 2.5]
         >>> m = slice_metrics("gsm8k", sums)
         >>> m["slices/gsm8k/rewards/mean"], m["slices/gsm8k/groups/zero_std_fraction"], m["slices/gsm8k/advantages/post_norm/mean"]
         (0.5, 0.5, 0.2)
     """
-    (samples, finite, reward_sum, nan, inf, comparable, zero_std, count, total, abs_max) = (float(v) for v in sums)
+    (samples, finite, reward_sum, nan, inf, functions, comparable, zero_std, count, total, abs_max) = (
+        float(v) for v in sums)
     values = (
         samples,
         _ratio(reward_sum, finite),
         nan,
         inf,
+        functions,
         comparable,
         zero_std,
         _ratio(zero_std, comparable),

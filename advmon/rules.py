@@ -23,7 +23,7 @@ Example:
     >>> thresholds["zero_std_ratio"], thresholds["group_bound_factor"]
     (0.9, 3.0)
     >>> [rule.name for rule in CATALOG if rule.severity == "critical"]
-    ['AdvmonNonFiniteRewards', 'AdvmonNonFiniteAdvantages', 'AdvmonAdvantageBeyondGroupBound']
+    ['AdvmonNonFiniteRewards', 'AdvmonNonFiniteAdvantages', 'AdvmonAdvantageBeyondGroupBound', 'AdvmonRewardFunctionNonFinite']
 """
 
 from __future__ import annotations
@@ -520,6 +520,57 @@ def _prom_group_bound(t: Thresholds, ctx: PromContext) -> str:
     return f"{abs_max} > {bound_promql(t, ctx)}"
 
 
+def _labelled_values(record: RecordLike, family: str, key: str, window: Window) -> list[tuple[str, float]]:
+    """``(label, value)`` of every ``<family>/<label>/<key>`` of the record."""
+    suffix = "/" + key
+    found = []
+    for name in window.keys_with(family + "/"):
+        if name.endswith(suffix):
+            label = name[len(family) + 1 : -len(suffix)]
+            if label and "/" not in label:
+                found.append((label, _get(record, name)))
+    return found
+
+
+def _eval_slice_zero_std(window: Window, t: Thresholds) -> list[Finding]:
+    """A slice above the zero-std line while the whole run is at or below it (NaN: not below)."""
+    record = window[-1]
+    limit = t["zero_std_ratio"]
+    run_below = _get(record, "groups/zero_std_fraction") <= limit
+    return [
+        Finding(run_below and value > limit, value, (("slice", label),))
+        for label, value in _labelled_values(record, "slices", "groups/zero_std_fraction", window)
+        if not math.isnan(value)
+    ]
+
+
+def _prom_slice_zero_std(t: Thresholds, ctx: PromContext) -> str:
+    limit = format_number(t["zero_std_ratio"])
+    return (
+        f"{ctx.metric('advmon_slice_zero_std_group_ratio')} > {limit} "
+        f"and on (job, instance, run) ({ctx.metric('advmon_zero_std_group_ratio')} <= {limit})"
+    )
+
+
+def _eval_function_nonfinite(window: Window, t: Thresholds) -> list[Finding]:
+    """A reward function's NaN/Inf scores while the summed reward has none (TRL sums with nansum)."""
+    record = window[-1]
+    run_clean = _nonfinite(record, "rewards") == 0
+    counts: dict[str, float] = {}
+    for kind in ("nan", "inf"):
+        for label, value in _labelled_values(record, "rewards", f"{kind}_count", window):
+            if not math.isnan(value):
+                counts[label] = counts.get(label, 0.0) + value
+    return [Finding(run_clean and count > 0, count, (("function", label),)) for label, count in counts.items()]
+
+
+def _prom_function_nonfinite(t: Thresholds, ctx: PromContext) -> str:
+    # ">= 0" drops NaN counts before the sum, as the in-process evaluator skips them.
+    functions = f"sum without (kind) ({ctx.metric('advmon_reward_function_nonfinite')} >= 0)"
+    run = f"sum without (kind, stage) ({_counter_step(ctx, 'advmon_nonfinite_values_total', stage='reward')})"
+    return f"{functions} > 0 unless on (job, instance, run) ({run} > 0)"
+
+
 def _eval_zero_std(window: Window, t: Thresholds) -> list[Finding]:
     ratio = _get(window[-1], "groups/zero_std_fraction")
     return _single(ratio > t["zero_std_ratio"], ratio)
@@ -674,6 +725,34 @@ CATALOG: tuple[Rule, ...] = (
         thresholds=("zero_std_ratio",),
         promql=_prom_zero_std,
         evaluate=_eval_zero_std,
+    ),
+    Rule(
+        name="AdvmonSliceZeroStdHigh",
+        severity="warning",
+        summary="One slice's groups have all-equal rewards while the run as a whole looks fine",
+        description=(
+            "Run {run}: {value} of slice {slice}'s groups are zero-std at step " + _STEP + " "
+            "(threshold {zero_std_ratio}; the whole run is below it)."
+        ),
+        for_records=3,
+        thresholds=("zero_std_ratio",),
+        promql=_prom_slice_zero_std,
+        evaluate=_eval_slice_zero_std,
+        extra_labels=("slice",),
+    ),
+    Rule(
+        name="AdvmonRewardFunctionNonFinite",
+        severity="critical",
+        summary="A reward function returns None (NaN) for some samples while the summed reward hides it",
+        description=(
+            "Run {run}: reward function {function} gave {value} NaN/Inf score(s) at step " + _STEP + "; "
+            "the summed reward stayed finite."
+        ),
+        for_records=1,
+        thresholds=(),
+        promql=_prom_function_nonfinite,
+        evaluate=_eval_function_nonfinite,
+        extra_labels=("function",),
     ),
     Rule(
         name="AdvmonAdvantageScaleCollapse",

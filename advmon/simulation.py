@@ -24,8 +24,10 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from advmon.hooks import scored_by, sliced_by
 from advmon.monitor import Monitor
 from advmon.record import Record
 
@@ -43,7 +45,11 @@ FAILURES = {
     "reward_scale_spike": "AdvmonAdvantageScaleSpike",
     "post_norm_mean_drift": "AdvmonPostNormMeanDrift",
     "reward_collapse": "AdvmonRewardCollapse",
+    "slice_zero_std": "AdvmonSliceZeroStdHigh",
+    "reward_function_none": "AdvmonRewardFunctionNonFinite",
 }
+#: Kinds whose runs are sliced by data source and scored by two reward functions.
+_DRILLDOWN = ("slice_zero_std", "reward_function_none")
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,24 @@ class _Simulator:
             rewards = rewards * 40.0  # a reward function returning another unit for a while
         if s.kind == "nan_rewards" and after >= 0:
             rewards[torch.rand(p.shape, generator=g) < 0.01] = math.nan
+        if s.kind == "slice_zero_std" and after >= 0:
+            groups = rewards.view(s.prompts, s.group_size)
+            math_groups = self.sources() == "math"
+            groups[math_groups] = 0.0  # the math source's reward parser stopped matching: every answer fails
         return rewards
+
+    def sources(self) -> np.ndarray:
+        """Each prompt's data source: one prompt in four is ``math``, the rest ``gsm8k``."""
+        return np.array(["math" if i % 4 == 0 else "gsm8k" for i in range(self.spec.prompts)])
+
+    def functions(self, step: int, rewards: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Two reward functions whose sum (TRL's nansum) is the reward: correctness and a format bonus."""
+        s = self.spec
+        format_score = torch.full(rewards.shape, 0.0)
+        if s.kind == "reward_function_none" and self.after(step) >= 0:
+            math_samples = torch.from_numpy(self.sources() == "math").repeat_interleave(s.group_size)
+            format_score[math_samples] = math.nan  # the format checker returns None for math answers
+        return {"correctness": rewards, "format": format_score}
 
     def lengths(self, rewards: torch.Tensor) -> torch.Tensor:
         """Wrong answers are longer than right ones."""
@@ -209,7 +232,12 @@ def simulate(spec: RunSpec, out: Path | None = None) -> list[Record]:
                 lengths = sim.lengths(rewards)
                 mask = (torch.arange(spec.max_tokens) < lengths.unsqueeze(-1)).float()
                 prompt_ids = torch.arange(spec.prompts).repeat_interleave(spec.group_size)
-                monitor.watch(sim.estimator(step))(prompt_ids, rewards, mask)
+                labels = functions = None
+                if spec.kind in _DRILLDOWN:
+                    labels = sim.sources().repeat(spec.group_size)
+                    functions = sim.functions(step, rewards)
+                with sliced_by(labels), scored_by(functions):
+                    monitor.watch(sim.estimator(step))(prompt_ids, rewards, mask)
     return records
 
 

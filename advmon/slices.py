@@ -37,6 +37,7 @@ SLICE_FIELDS = (
     "reward_sum",
     "reward_nan_count",
     "reward_inf_count",
+    "reward_function_nonfinite",
     "groups_comparable",
     "groups_zero_std",
     "advantage_count",
@@ -114,14 +115,16 @@ def slice_table(
     rewards: torch.Tensor | None,
     segments: RewardSegments | None,
     rows: RowSummary | None,
+    function_nonfinite: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A call's sums per slice as a ``[count, len(SLICE_FIELDS)]`` float64 table.
 
     ``slots`` holds each sample's slot in ``[0, count)``; ``rewards`` are
     per sequence; ``segments`` are the call's groups (a group counts in the slice
     of its first sample); ``rows`` the post-norm advantages' per-sample sums
-    (:func:`~advmon.row_summaries.row_summaries` with ``sums=True``). What is
-    missing is ``nan``.
+    (:func:`~advmon.row_summaries.row_summaries` with ``sums=True``);
+    ``function_nonfinite`` the reward functions' NaN and Inf scores per sample.
+    What is missing is ``nan`` (no function scores: 0).
 
     Example:
         >>> table = slice_table(torch.tensor([0, 1, 0]), 2, torch.tensor([1.0, float("nan"), 3.0]), None, None)
@@ -149,6 +152,10 @@ def slice_table(
             reward_nan_count=per_slice(nan),
             reward_inf_count=per_slice(~finite & ~nan),
         )
+    columns["reward_function_nonfinite"] = (
+        torch.zeros(count, dtype=torch.float64, device=device) if function_nonfinite is None
+        else per_slice(function_nonfinite)
+    )
     if segments is None:
         columns.update(groups_comparable=unknown, groups_zero_std=unknown)
     else:

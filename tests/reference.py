@@ -113,14 +113,16 @@ def assert_stats_close(got: dict, expected: dict, prefix: str = "", *, exact_per
             assert abs(have - want) <= tolerance * scale, label
 
 
-EXEMPLAR_REASONS = ("nonfinite_rewards", "nonfinite_advantages", "beyond_bound", "largest_abs_advantage")
+EXEMPLAR_REASONS = ("nonfinite_rewards", "nonfinite_reward_functions", "nonfinite_advantages", "beyond_bound",
+                    "largest_abs_advantage")
 
 
-def worst_groups(rewards, keys, advantages=None, mask=None, bound_factor=3.0) -> list[dict]:
+def worst_groups(rewards, keys, advantages=None, mask=None, bound_factor=3.0, functions=()) -> list[dict]:
     """Every group worth naming, worst first, by docs/drilldown.md's rules, with Python loops.
 
     ``advantages`` is ``[B]`` or ``[B, T]`` (under ``mask > 0``); each entry's
-    ``key`` is the group's key as ``keys`` gives it, ``first`` its first sample.
+    ``key`` is the group's key as ``keys`` gives it, ``first`` its first sample;
+    ``functions`` are per-function scores (NaN where a function returned None).
     """
     r = np.asarray(rewards, dtype=np.float64)
     members: dict = {}
@@ -145,8 +147,11 @@ def worst_groups(rewards, keys, advantages=None, mask=None, bound_factor=3.0) ->
         size = len(samples)
         ratio = peak / (size / math.sqrt(size - 1)) if size > 1 else math.nan
         nan, inf = int(np.isnan(values).sum()), int(np.isinf(values).sum())
+        function_bad = sum(int((~np.isfinite(np.asarray(f, dtype=np.float64)[samples])).sum()) for f in functions)
         if nan + inf:
             reason = "nonfinite_rewards"
+        elif function_bad:
+            reason = "nonfinite_reward_functions"
         elif bad:
             reason = "nonfinite_advantages"
         elif ratio > bound_factor:
@@ -158,6 +163,7 @@ def worst_groups(rewards, keys, advantages=None, mask=None, bound_factor=3.0) ->
         entries.append({
             "key": key, "first": samples[0], "reason": reason, "size": size,
             "reward_finite_count": int(finite.size), "reward_nan_count": nan, "reward_inf_count": inf,
+            "reward_function_nonfinite_count": function_bad,
             "reward_min": float(finite.min()) if finite.size else math.nan,
             "reward_max": float(finite.max()) if finite.size else math.nan,
             "reward_mean": float(finite.mean()) if finite.size else math.nan,
@@ -168,12 +174,13 @@ def worst_groups(rewards, keys, advantages=None, mask=None, bound_factor=3.0) ->
 
 def exemplar_badness(entry: dict) -> tuple:
     """Worst first: the reason, then the most non-finite values, then the largest |advantage|."""
-    nonfinite = entry["reward_nan_count"] + entry["reward_inf_count"] + entry["advantage_nonfinite_samples"]
+    nonfinite = (entry["reward_nan_count"] + entry["reward_inf_count"] + entry["reward_function_nonfinite_count"]
+                 + entry["advantage_nonfinite_samples"])
     peak = entry["advantage_abs_max"]
     return EXEMPLAR_REASONS.index(entry["reason"]), -nonfinite, -(peak if not math.isnan(peak) else -1.0)
 
 
-def slice_stats(labels, rewards, keys=None, advantages=None, mask=None) -> dict[str, dict[str, float]]:
+def slice_stats(labels, rewards, keys=None, advantages=None, mask=None, functions=()) -> dict[str, dict[str, float]]:
     """Per-label statistics with Python loops: the record's ``slices/<label>/...`` values (labels already folded)."""
     r = np.asarray(rewards, dtype=np.float64)
     a = None if advantages is None else np.asarray(advantages, dtype=np.float64)
@@ -193,6 +200,8 @@ def slice_stats(labels, rewards, keys=None, advantages=None, mask=None) -> dict[
             "rewards/mean": float(finite.mean()) if finite.size else math.nan,
             "rewards/nan_count": float(np.isnan(values).sum()),
             "rewards/inf_count": float(np.isinf(values).sum()),
+            "rewards/function_nonfinite_count": float(sum(
+                (~np.isfinite(np.asarray(f, dtype=np.float64)[samples])).sum() for f in functions)),
         }
         if keys is not None:
             comparable = zero = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,8 @@ def _alert_labels(name: str, run: str, labels: dict[str, str]) -> str:
 @pytest.mark.parametrize(
     "kind",
     ["nan_rewards", "loo_float32_cancellation", "zero_std_collapse", "reward_model_collapse",
-     "reward_scale_spike", "post_norm_mean_drift", "reward_collapse", "grpo_graded_loo"],
+     "reward_scale_spike", "post_norm_mean_drift", "reward_collapse", "grpo_graded_loo",
+     "slice_zero_std", "reward_function_none"],
 )
 def test_promtool_and_in_process_fire_the_same_alerts_at_the_same_steps(kind, tmp_path):
     records = simulate(RunSpec(kind, seed=5, steps=70, onset=35))
@@ -102,6 +104,8 @@ def test_series_are_what_the_real_exporter_exposes():
     from advmon.sinks.prometheus import AdvmonCollector
 
     records = simulate(RunSpec("nan_rewards", seed=1, steps=6, onset=3))
+    records += simulate(RunSpec("reward_function_none", seed=1, steps=6, onset=3))  # slices and reward functions
+    records = [replace(r, run=records[0].run) for r in records]
     for record in records:
         record.metrics["advmon/sink_errors/mlflow"] = 1.0
         record.metrics["advmon/dropped_records/mlflow"] = 0.0

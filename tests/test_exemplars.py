@@ -20,7 +20,8 @@ from .dispatch import Dispatched
 from .reference import exemplar_badness, worst_groups
 from .sketches import prefix_mask
 
-NUMBERS = ("reward_finite_count", "reward_nan_count", "reward_inf_count", "reward_min", "reward_max",
+NUMBERS = ("reward_finite_count", "reward_nan_count", "reward_inf_count", "reward_function_nonfinite_count",
+           "reward_min", "reward_max",
            "advantage_abs_max", "advantage_nonfinite_samples", "advantage_bound_ratio", "size")
 
 
@@ -182,3 +183,26 @@ def test_exemplars_of_any_batch_match_numpy(data):
             monitor.observe(rewards=rewards, advantages=advantages, mask=mask, groups=keys)
     expected = worst_groups(rewards.numpy(), keys, advantages.numpy(), mask.numpy())
     assert_same_worst(sink.records[-1].exemplars, expected, k, lambda e: e["key"])
+
+
+@pytest.mark.parametrize("path", ["cpu", "torch"])
+def test_a_reward_function_that_returned_none_names_its_groups(path, sink):
+    """The summed reward stays finite (TRL's nansum), the function's NaN still ranks its groups first."""
+    rng = np.random.default_rng(12)
+    correctness = rng.integers(0, 2, 32).astype(float)
+    graded = rng.random(32)
+    graded[[9, 10, 11, 20]] = math.nan  # returned None for these samples
+    rewards = torch.from_numpy(np.nan_to_num(graded) + correctness)
+    keys = [f"uid-{i // 4}" for i in range(32)]
+    advantages = grpo(rewards, torch.ones(32, 4), 4).float()
+    with advmon.Monitor("functions", sinks=[sink], exemplars=3) as monitor, statistics_path(path):
+        monitor.observe(rewards=rewards, advantages=advantages, groups=keys,
+                        reward_functions={"correctness": correctness, "graded": graded},
+                        slices=["beta" if i < 16 else "alpha" for i in range(32)])
+    record = sink.records[-1]
+    expected = worst_groups(rewards.numpy(), keys, advantages.numpy(), functions=[correctness, graded])
+    assert_same_worst(record.exemplars, expected, 3, lambda e: e["key"])
+    assert [(e["group"], e["reason"], e["slice"]) for e in record.exemplars[:2]] == [
+        ("uid-2", "nonfinite_reward_functions", "beta"), ("uid-5", "nonfinite_reward_functions", "alpha")]
+    assert record.metrics["slices/beta/rewards/function_nonfinite_count"] == 3.0
+    assert record.metrics["rewards/graded/nan_count"] == 4.0 and record.metrics["rewards/nan_count"] == 0.0

@@ -165,6 +165,38 @@ def _gauges() -> list[tuple[str, str, dict[str, str]]]:
 
 
 _COUNTER_STAGES = (("reward", "rewards"), ("pre_norm", "advantages/pre_norm"), ("post_norm", "advantages/post_norm"))
+#: The exporter's per-slice gauges: (record key under slices/<label>/, metric name, extra labels).
+_SLICE_GAUGES = (
+    ("rewards/count", "advmon_slice_rewards", {}),
+    ("rewards/mean", "advmon_slice_reward_mean", {}),
+    ("groups/zero_std_fraction", "advmon_slice_zero_std_group_ratio", {}),
+    ("advantages/post_norm/mean", "advmon_slice_advantage_mean", {}),
+    ("advantages/post_norm/abs_max", "advmon_slice_advantage_abs_max", {}),
+    ("rewards/nan_count", "advmon_slice_reward_nonfinite", {"kind": "nan"}),
+    ("rewards/inf_count", "advmon_slice_reward_nonfinite", {"kind": "inf"}),
+)
+#: The exporter's per-reward-function gauges: (record key under rewards/<function>/, metric name, extra labels).
+_FUNCTION_GAUGES = (
+    ("mean", "advmon_reward_function_mean", {}),
+    ("nan_count", "advmon_reward_function_nonfinite", {"kind": "nan"}),
+    ("inf_count", "advmon_reward_function_nonfinite", {"kind": "inf"}),
+)
+
+
+def _labelled_gauges(metrics: dict[str, float]) -> list[tuple[str, dict[str, str], float]]:
+    """The slice and reward-function series the exporter sets from one record: ``(name, labels, value)``."""
+    found: list[tuple[str, dict[str, str], float]] = []
+    for family, label_name, gauges in (("slices", "slice", _SLICE_GAUGES), ("rewards", "function", _FUNCTION_GAUGES)):
+        labels = []
+        for key in metrics:
+            if key.startswith(family + "/"):
+                label, _, rest = key[len(family) + 1 :].partition("/")
+                if rest in {g[0] for g in gauges} and label not in labels:
+                    labels.append(label)
+        for label in labels:
+            for key, name, extra in gauges:
+                found.append((name, {label_name: label, **extra}, metrics.get(f"{family}/{label}/{key}", math.nan)))
+    return found
 
 
 def series_from_records(
@@ -217,6 +249,8 @@ def series_from_records(
             put(name, labels, i, metrics.get(key, math.nan))
         for stage in ("pre_norm", "post_norm"):
             put("advmon_advantage_abs_max", {"stage": stage}, i, abs_max_of(metrics, stage))
+        for name, labels, value in _labelled_gauges(metrics):
+            put(name, labels, i, value)
         put("advmon_step", {}, i, float(record.step))
         put("advmon_last_update_timestamp_seconds", {}, i, float(getattr(record, "time", 0.0)))
     return series
@@ -281,6 +315,21 @@ def _healthy(step: int) -> dict[str, float]:
         "advmon/internal_errors": 0.0,
         "advmon/sink_errors/mlflow": 0.0,
         "advmon/dropped_records/mlflow": 0.0,
+        # Two slices and two reward functions, as a drill-down run records them.
+        "slices/gsm8k/rewards/count": 256.0,
+        "slices/gsm8k/rewards/mean": 0.55 + wiggle,
+        "slices/gsm8k/rewards/nan_count": 0.0,
+        "slices/gsm8k/groups/zero_std_fraction": 0.3 + wiggle,
+        "slices/math/rewards/count": 256.0,
+        "slices/math/rewards/mean": 0.45 + wiggle,
+        "slices/math/rewards/nan_count": 0.0,
+        "slices/math/groups/zero_std_fraction": 0.4 + wiggle,
+        "rewards/correctness/mean": 0.5 + wiggle,
+        "rewards/correctness/nan_count": 0.0,
+        "rewards/correctness/inf_count": 0.0,
+        "rewards/format/mean": 0.9,
+        "rewards/format/nan_count": 0.0,
+        "rewards/format/inf_count": 0.0,
     }
 
 
@@ -311,6 +360,10 @@ def _faults(t: Thresholds) -> dict[str, Callable[[dict[str, float], int], None]]
         "AdvmonRewardCollapse": set_(
             "rewards/mean", lambda m, n: m["rewards/mean"] - (2 * t["reward_drop_stds"] + 0.5) * m["rewards/std"]
         ),
+        "AdvmonSliceZeroStdHigh": set_(
+            "slices/math/groups/zero_std_fraction", lambda m, n: min(1.0, (1 + t["zero_std_ratio"]) / 2)
+        ),
+        "AdvmonRewardFunctionNonFinite": set_("rewards/format/nan_count", lambda m, n: 4.0),
         "AdvmonDroppedRecords": set_("advmon/dropped_records/mlflow", lambda m, n: 5.0 * n),
         "AdvmonSinkErrors": set_("advmon/sink_errors/mlflow", lambda m, n: 2.0 * n),
         "AdvmonInternalErrors": set_("advmon/internal_errors", lambda m, n: 1.0 * n),
