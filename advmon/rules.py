@@ -49,6 +49,7 @@ __all__ = [
     "Thresholds",
     "group_bound",
     "rule_named",
+    "where",
 ]
 
 Severity = Literal["critical", "warning", "info"]
@@ -853,6 +854,107 @@ CATALOG: tuple[Rule, ...] = (
         evaluate=_eval_internal_errors,
     ),
 )
+
+
+# --------------------------------------------------------------------------- where
+
+
+def where(alert: str, record: Any, labels: Mapping[str, str] | None = None) -> str:
+    """Which groups and slices the firing step points at, from the record's drill-down.
+
+    Read from ``record.exemplars`` (the step's worst groups) and its
+    ``slices/<label>/...`` keys; ``""`` when the record has nothing to say for
+    this alert. Kept out of the description, which Prometheus words alike.
+
+    Example:
+        >>> class R:
+        ...     metrics = {"rewards/nan_count": 7.0, "rewards/inf_count": 0.0, "groups/nonfinite_count": 2.0,
+        ...                "slices/gsm8k/rewards/nan_count": 4.0, "slices/math/rewards/nan_count": 3.0}
+        ...     exemplars = [{"group": "uid-123", "reason": "nonfinite_rewards", "slice": "gsm8k", "size": 8,
+        ...                   "reward_nan_count": 4, "reward_inf_count": 0}]
+        >>> where("AdvmonNonFiniteRewards", R())
+        'NaN/Inf rewards: 7 in 2 groups, worst group uid-123 (slice gsm8k, 4 of 8 NaN/Inf); by slice: gsm8k 4, math 3'
+    """
+    labels = dict(labels or {})
+    metrics = getattr(record, "metrics", {})
+    exemplars = list(getattr(record, "exemplars", None) or [])
+    parts: list[str] = []
+    if alert == "AdvmonNonFiniteRewards":
+        count = _nonfinite(record, "rewards")
+        groups = _get(record, "groups/nonfinite_count")
+        lead = f"NaN/Inf rewards: {format_number(count)}"
+        if groups > 0:
+            lead += f" in {format_number(groups)} group{'s' if groups != 1 else ''}"
+        worst = _first(exemplars, lambda e: _number(e, "reward_nan_count") + _number(e, "reward_inf_count") > 0)
+        if worst is not None:
+            bad = _number(worst, "reward_nan_count") + _number(worst, "reward_inf_count")
+            size = _number(worst, "size")
+            lead += ", worst " + _named(worst, f"{format_number(bad)} of {format_number(size)} NaN/Inf")
+        parts.append(lead)
+        parts.append(_by_slice(metrics, ("rewards/nan_count", "rewards/inf_count")))
+    elif alert == "AdvmonRewardFunctionNonFinite":
+        chosen = [e for e in exemplars if e.get("reason") == "nonfinite_reward_functions"]
+        if chosen:
+            parts.append("worst groups " + ", ".join(
+                _named(e, f"{format_number(_number(e, 'reward_function_nonfinite_count'))} NaN/Inf scores")
+                for e in chosen))
+        parts.append(_by_slice(metrics, ("rewards/function_nonfinite_count",)))
+    elif alert == "AdvmonNonFiniteAdvantages":
+        chosen = [e for e in exemplars if _number(e, "advantage_nonfinite_samples") > 0]
+        if chosen:
+            parts.append("worst groups " + ", ".join(
+                _named(e, f"{format_number(_number(e, 'advantage_nonfinite_samples'))} of "
+                          f"{format_number(_number(e, 'size'))} samples NaN/Inf") for e in chosen))
+    elif alert == "AdvmonAdvantageBeyondGroupBound":
+        chosen = [e for e in exemplars if e.get("reason") == "beyond_bound"]
+        if chosen:
+            parts.append("worst groups " + ", ".join(
+                _named(e, f"|A| {_format_value(_number(e, 'advantage_abs_max'))} = "
+                          f"{_format_value(_number(e, 'advantage_bound_ratio'))}x G/sqrt(G-1)") for e in chosen))
+    elif alert in ("AdvmonZeroStdGroupsHigh", "AdvmonSliceZeroStdHigh"):
+        ratios = _slice_values(metrics, "groups/zero_std_fraction")
+        if labels.get("slice") in ratios:
+            mean = metrics.get(f"slices/{labels['slice']}/rewards/mean")
+            if mean is not None and not math.isnan(mean):
+                parts.append(f"slice {labels['slice']} reward mean {_format_value(mean)}")
+        if ratios:
+            ordered = sorted(ratios.items(), key=lambda item: -item[1])
+            parts.append("zero-std by slice: " + ", ".join(f"{name} {value:.0%}" for name, value in ordered))
+    return "; ".join(p for p in parts if p)
+
+
+def _number(entry: Mapping[str, Any], key: str) -> float:
+    value = entry.get(key)
+    return float(value) if isinstance(value, (int, float)) and value == value else 0.0
+
+
+def _first(entries: Sequence[Mapping[str, Any]], test: Callable[[Mapping[str, Any]], bool]) -> Mapping[str, Any] | None:
+    return next((entry for entry in entries if test(entry)), None)
+
+
+def _named(entry: Mapping[str, Any], detail: str) -> str:
+    inside = ([f"slice {entry['slice']}"] if entry.get("slice") else []) + [detail]
+    return f"group {entry.get('group')} ({', '.join(inside)})"
+
+
+def _slice_values(metrics: Mapping[str, Any], key: str) -> dict[str, float]:
+    suffix = "/" + key
+    found = {}
+    for name, value in metrics.items():
+        if name.startswith("slices/") and name.endswith(suffix) and value is not None and not math.isnan(value):
+            label = name[len("slices/") : -len(suffix)]
+            if "/" not in label:
+                found[label] = float(value)
+    return found
+
+
+def _by_slice(metrics: Mapping[str, Any], keys: Sequence[str]) -> str:
+    totals: dict[str, float] = {}
+    for key in keys:
+        for label, value in _slice_values(metrics, key).items():
+            totals[label] = totals.get(label, 0.0) + value
+    hit = sorted(((v, k) for k, v in totals.items() if v > 0), key=lambda item: (-item[0], item[1]))
+    return "by slice: " + ", ".join(f"{label} {format_number(value)}" for value, label in hit) if hit else ""
 
 
 def rule_named(name: str) -> Rule:

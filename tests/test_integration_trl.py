@@ -199,3 +199,46 @@ def test_two_reward_functions_and_two_sources(tmp_path):
         assert metrics["rewards/graded/nan_count"] == expected_nan and metrics["rewards/length_reward/nan_count"] == 0
         assert_stats_close(metrics, value_stats(keep.by_step[record.step]), "advantages/post_norm/")
         assert record.exemplars and {e["slice"] for e in record.exemplars} <= {"alpha", "beta"}
+
+
+def test_a_reward_function_returning_none_for_one_source_is_named_everywhere(tmp_path, monkeypatch, capsys):
+    """Issue 18's proof on a real GRPOTrainer: the record, the in-process Slack message and
+    ``advmon alerts check`` name the function, the source and the groups."""
+    from advmon.cli import main
+    from tests.services import FakeSlack
+
+    calls = []
+
+    def graded(completions, data_source, **_):
+        calls.append(1)
+        return [None if len(calls) >= 2 and source == "beta" else 1.0 for c, source in zip(completions, data_source)]
+
+    slack = FakeSlack()
+    monkeypatch.setenv("ADVMON_TEST_SLACK", slack.url)
+    jsonl = tmp_path / "run.jsonl"
+    try:
+        monitor = advmon.Monitor("trl-none", sinks=[advmon.JsonlSink(jsonl)], alerts=["slack:ADVMON_TEST_SLACK"])
+        trainer = trl_run.trainer(tmp_path, monitor, reward_funcs=[trl_run.length_reward, graded],
+                                  train_dataset=trl_run.sourced_prompts(), max_steps=4)
+        trainer.train()
+        monitor.close()
+        posted = [post["json"]["attachments"][0] for post in slack.posts]
+    finally:
+        slack.stop()
+    records = advmon.read_jsonl(jsonl)
+    broken = [r for r in records if r.metrics.get("rewards/graded/nan_count", 0) > 0]
+    assert broken and broken[0].step >= 2  # the function answered every prompt at the first generation
+    first = broken[0]
+    beta_groups = [e["group"] for e in first.exemplars if e["reason"] == "nonfinite_reward_functions"]
+    assert beta_groups and all(e["slice"] == "beta" for e in first.exemplars if e["group"] in beta_groups)
+    assert first.metrics["slices/beta/rewards/function_nonfinite_count"] == first.metrics["rewards/graded/nan_count"]
+    assert first.metrics["rewards/nan_count"] == 0  # TRL's nansum hides it from the summed reward
+    # The in-process Slack message.
+    firing = next(a for a in posted if "[FIRING] AdvmonRewardFunctionNonFinite" in a["title"])
+    assert "reward function graded" in firing["text"] and "slice beta" in firing["text"]
+    assert beta_groups[0] in firing["text"] and f"at step {first.step}" in firing["text"]
+    # advmon alerts check on the run's file.
+    assert main(["alerts", "check", str(jsonl)]) == 1
+    text = capsys.readouterr().out
+    assert "AdvmonRewardFunctionNonFinite" in text and "function=graded" in text
+    assert f"group {beta_groups[0]} (slice beta" in text and "by slice: beta" in text

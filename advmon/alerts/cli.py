@@ -77,5 +77,9 @@ def format_occurrences(occurrences: list[Occurrence], runs: list[str]) -> str:
         for o in mine:
             resolved = f"resolved at step {o.resolved_step}" if o.resolved_step is not None else "still firing"
             value = "-" if not math.isfinite(o.value) else f"{o.value:.4g}"
-            lines.append(f"  {o.severity:<8} {o.alert:<34} fired at step {o.fired_step:<5} {resolved:<22} value {value}")
+            labels = "".join(f" {key}={label}" for key, label in o.labels)
+            lines.append(f"  {o.severity:<8} {o.alert:<34} fired at step {o.fired_step:<5} {resolved:<22} value {value}"
+                         f"{labels}")
+            if o.where:
+                lines.append(f"           where: {o.where}")
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from advmon.rules import CATALOG, RecordLike, Rule, Thresholds, Window
+from advmon.rules import CATALOG, RecordLike, Rule, Thresholds, Window, where
 
 __all__ = ["AlertEvaluator", "AlertEvent", "Occurrence", "evaluate_records"]
 
@@ -43,6 +43,7 @@ class AlertEvent:
     labels: tuple[tuple[str, str], ...]
     summary: str
     description: str  # as worded at firing
+    where: str = ""  # the groups and slices the firing step points at (advmon.rules.where)
 
     @property
     def key(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
@@ -61,6 +62,7 @@ class Occurrence:
     value: float
     labels: tuple[tuple[str, str], ...] = ()
     description: str = ""
+    where: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form ``advmon alerts check --format json`` prints."""
@@ -72,6 +74,8 @@ class Occurrence:
             "fired_step": self.fired_step,
             "resolved_step": self.resolved_step,
             "value": value,
+            "labels": dict(self.labels),
+            "where": self.where,
         }
 
 
@@ -152,14 +156,15 @@ class AlertEvaluator:
         return [
             AlertEvent(
                 "resolved", fired.alert, fired.severity, fired.run, record.step, fired.value,
-                fired.labels, fired.summary, fired.description,
+                fired.labels, fired.summary, fired.description, fired.where,
             )
         ]
 
     def _event(self, kind: Literal["firing", "resolved"], rule: Rule, record: RecordLike, value: float,
                labels: tuple[tuple[str, str], ...]) -> AlertEvent:
         description = rule.render_description(record.run, value, record.step, dict(labels), self.thresholds)
-        return AlertEvent(kind, rule.name, rule.severity, record.run, record.step, value, labels, rule.summary, description)
+        return AlertEvent(kind, rule.name, rule.severity, record.run, record.step, value, labels, rule.summary, description,
+                          where(rule.name, record, dict(labels)))
 
 
 def _value(record: RecordLike, key: str) -> float:
@@ -180,7 +185,8 @@ def evaluate_records(records: Iterable[RecordLike], thresholds: Thresholds | Non
         for event in evaluator.observe(record):
             if event.kind == "firing":
                 occurrence = Occurrence(
-                    event.run, event.alert, event.severity, event.step, None, event.value, event.labels, event.description
+                    event.run, event.alert, event.severity, event.step, None, event.value, event.labels,
+                    event.description, event.where,
                 )
                 open_occurrences[event.key] = occurrence
                 occurrences.append(occurrence)

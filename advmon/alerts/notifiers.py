@@ -45,6 +45,7 @@ class AlertMessage:
     description: str
     runbook_url: str
     dashboard_url: str = ""
+    where: str = ""  #: the groups and slices the firing step points at
 
     @property
     def title(self) -> str:
@@ -55,6 +56,7 @@ class AlertMessage:
         lines = [
             f"*{self.summary}*",
             self.description if self.status == "firing" else f"Resolved at step {self.step}. {self.description}",
+            *([f"Where: {self.where}"] if self.where and self.status == "firing" else []),
             f"Run: `{self.run}` | severity: {self.severity} | runbook: {self.runbook_url}",
         ]
         if self.dashboard_url:

@@ -123,6 +123,7 @@ class AlertSink(Sink):
             description=event.description,
             runbook_url=f"{self.runbook_base}#{rule.runbook_anchor}",
             dashboard_url=self.dashboard_url,
+            where=event.where,
         )
 
     def _deliver(self) -> None:
