@@ -3,8 +3,10 @@
 The page opens offline: styles inline, plots inline SVG, no script, no CDN. It
 holds the run's header (steps, estimator, time span), the plots of
 :data:`advmon.plots.PANELS` with the spans where the alert catalog fired, a table
-of the alerts with their first and last step and runbook links, and the
-last/worst table of ``advmon summary``.
+of the alerts with their first and last step and runbook links, a "where"
+section (per-slice and per-reward-function plots, and the worst groups at each
+alert's firing step, when the records have them), and the last/worst table of
+``advmon summary``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advmon.alerts.evaluator import Occurrence, evaluate_records
-from advmon.plots import PANELS, draw_panel, figure_to_svg
+from advmon.plots import PANELS, Panel, draw_panel, figure_to_svg, where_panels
 from advmon.progress import Progress
 from advmon.rules import Thresholds, rule_named
 from advmon.runs import Run
@@ -58,7 +60,8 @@ def alert_spans(occurrences: Sequence[Occurrence]) -> list[tuple[int, int | None
     return [(o.fired_step, o.resolved_step, o.severity) for o in occurrences if o.severity != "info"]
 
 
-def _figures(run: Run, occurrences: Sequence[Occurrence], progress: Progress) -> list[str]:
+def _figures(run: Run, occurrences: Sequence[Occurrence], progress: Progress,
+             panels: Sequence[Panel] = PANELS) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,7 +69,7 @@ def _figures(run: Run, occurrences: Sequence[Occurrence], progress: Progress) ->
 
     spans = alert_spans(occurrences)
     svgs = []
-    for panel in PANELS:
+    for panel in panels:
         figure, axes = plt.subplots(figsize=(7.5, 3.4), dpi=100)
         draw_panel(axes, panel, [(run.name, run.records)], spans)
         svgs.append(figure_to_svg(figure))
@@ -137,17 +140,74 @@ def _summary_table(run: Run) -> str:
     return "\n".join(lines)
 
 
+#: Alert occurrences whose firing step the "where" section details (the earliest ones).
+WHERE_OCCURRENCES = 12
+#: Exemplar columns the report shows, and their headings.
+_EXEMPLAR_COLUMNS = (
+    ("group", "group"), ("reason", "reason"), ("slice", "slice"), ("size", "size"),
+    ("reward_min", "reward min"), ("reward_max", "reward max"), ("reward_mean", "reward mean"),
+    ("reward_nan_count", "NaN"), ("reward_inf_count", "Inf"), ("reward_function_nonfinite_count", "function NaN/Inf"),
+    ("advantage_abs_max", "max |A|"), ("advantage_bound_ratio", "|A| / bound"),
+    ("advantage_nonfinite_samples", "NaN/Inf A samples"),
+)
+
+
+def _where_section(run: Run, occurrences: Sequence[Occurrence], svgs: Sequence[str]) -> str:
+    """Per-slice and per-function plots, and the worst groups at each alert's firing step."""
+    parts = []
+    if svgs:
+        plots = "\n".join(f"<figure class='plot'>{svg}</figure>" for svg in svgs)
+        parts.append(f"<div class='plots'>\n{plots}\n</div>")
+    by_step = {record.step: record for record in run.records}
+    shown = [o for o in occurrences if o.severity != "info"][:WHERE_OCCURRENCES]
+    for occurrence in shown:
+        record = by_step.get(occurrence.fired_step)
+        exemplars = list(getattr(record, "exemplars", None) or []) if record is not None else []
+        if not exemplars and not occurrence.where:
+            continue
+        labels = "".join(f" {html.escape(k)}={html.escape(v)}" for k, v in occurrence.labels)
+        parts.append(f"<h3>{occurrence.alert}{labels} at step {occurrence.fired_step}</h3>")
+        if occurrence.where:
+            parts.append(f"<p>{html.escape(occurrence.where)}</p>")
+        if exemplars:
+            parts.append(_exemplar_table(exemplars))
+    if not parts:
+        return ""
+    return ("<h2>Where</h2>\n<p class='meta'>Slices, reward functions, and the worst groups (exemplars) at each "
+            "alert's firing step (docs/drilldown.md).</p>\n" + "\n".join(parts))
+
+
+def _exemplar_table(exemplars: Sequence[dict]) -> str:
+    lines = ["<table><tr>" + "".join(f"<th>{title}</th>" for _, title in _EXEMPLAR_COLUMNS) + "</tr>"]
+    for entry in exemplars:
+        cells = []
+        for key, _ in _EXEMPLAR_COLUMNS:
+            value = entry.get(key)
+            if isinstance(value, float):
+                cells.append(f"<td class='num'>{_fmt(value)}</td>")
+            elif isinstance(value, int):
+                cells.append(f"<td class='num'>{value}</td>")
+            else:
+                cells.append(f"<td>{html.escape('-' if value is None else str(value))}</td>")
+        lines.append("<tr>" + "".join(cells) + "</tr>")
+    lines.append("</table>")
+    return "\n".join(lines)
+
+
 def write_report(run: Run, out: Path, thresholds: Thresholds | None = None, runbook_base: str = "docs/runbooks.md") -> Path:
     """Write the HTML report of ``run`` to ``out``."""
-    with Progress(f"report {run.name}", total=len(PANELS) + 1) as progress:
+    drilldown = where_panels(run.records)
+    with Progress(f"report {run.name}", total=len(PANELS) + len(drilldown) + 1) as progress:
         occurrences = evaluate_records(run.records, thresholds)
         progress.advance()
         svgs = _figures(run, occurrences, progress)
+        where_svgs = _figures(run, occurrences, progress, drilldown)
     plots = "\n".join(f"<figure class='plot'>{svg}</figure>" for svg in svgs)
     body = (
         f"{_header(run)}\n<h2>Alerts</h2>\n{_alerts_table(alert_rows(occurrences), runbook_base)}\n"
         "<p class='meta'>Shaded spans on the plots: where a critical (red) or warning (orange) alert was firing.</p>\n"
         f"<h2>Over steps</h2>\n<div class='plots'>\n{plots}\n</div>\n"
+        f"{_where_section(run, occurrences, where_svgs)}\n"
         f"<h2>Last and worst values</h2>\n{_summary_table(run)}\n"
     )
     return write_page(out, f"advmon report: {run.name}", _STYLE, body)

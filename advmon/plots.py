@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_POINTS", "PANELS", "Panel", "draw_panel", "figure_to_svg", "series"]
+__all__ = ["MAX_POINTS", "PANELS", "Panel", "draw_panel", "figure_to_svg", "series", "where_panels"]
 
 MAX_POINTS = 2000
 SEVERITY_COLORS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
@@ -97,6 +97,54 @@ PANELS: tuple[Panel, ...] = (
            Line("advantages/post_norm/nan_count", "post-norm NaN", "max"),
            Line("advantages/post_norm/inf_count", "post-norm Inf", "max")]),
 )
+
+
+def labels_in(records: Sequence[Any], family: str, key: str) -> list[str]:
+    """The ``<label>``s of ``<family>/<label>/<key>`` keys over the records, in order of appearance.
+
+    Example:
+        >>> class R:
+        ...     metrics = {"slices/gsm8k/rewards/count": 8.0, "rewards/count": 16.0, "rewards/format/count": 16.0}
+        >>> labels_in([R()], "slices", "rewards/count"), labels_in([R()], "rewards", "count")
+        (['gsm8k'], ['format'])
+    """
+    suffix = "/" + key
+    found: dict[str, None] = {}
+    for record in records:
+        for name in record.metrics:
+            if name.startswith(family + "/") and name.endswith(suffix):
+                label = name[len(family) + 1 : -len(suffix)]
+                if label and "/" not in label:
+                    found.setdefault(label)
+    return list(found)
+
+
+def where_panels(records: Sequence[Any]) -> list[Panel]:
+    """The drill-down's plots over steps: one line per slice, one per reward function (none without them)."""
+    slices = labels_in(records, "slices", "rewards/count")
+    functions = labels_in(records, "rewards", "count")
+    panels = []
+    if slices:
+        def per_slice(key: str, reduce: str = "mean") -> list[Line]:
+            return [Line(f"slices/{label}/{key}", label, reduce) for label in slices]
+
+        panels += [
+            Panel("By slice: reward mean", per_slice("rewards/mean")),
+            Panel("By slice: zero-std groups", per_slice("groups/zero_std_fraction"), percent=True),
+            Panel("By slice: NaN/Inf rewards per step",
+                  per_slice("rewards/nan_count", "max") + [
+                      Line(f"slices/{label}/rewards/function_nonfinite_count", f"{label} (reward functions)", "max", "--")
+                      for label in slices]),
+            Panel("By slice: largest |post-norm advantage|", per_slice("advantages/post_norm/abs_max", "max")),
+        ]
+    if functions:
+        panels += [
+            Panel("By reward function: mean", [Line(f"rewards/{name}/mean", name) for name in functions]),
+            Panel("By reward function: NaN/Inf scores per step",
+                  [Line(f"rewards/{name}/nan_count", f"{name} NaN", "max") for name in functions]
+                  + [Line(f"rewards/{name}/inf_count", f"{name} Inf", "max", "--") for name in functions]),
+        ]
+    return panels
 
 
 def draw_panel(axes: Any, panel: Panel, runs: Sequence[tuple[str, Sequence[Any]]],

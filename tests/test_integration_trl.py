@@ -242,3 +242,11 @@ def test_a_reward_function_returning_none_for_one_source_is_named_everywhere(tmp
     text = capsys.readouterr().out
     assert "AdvmonRewardFunctionNonFinite" in text and "function=graded" in text
     assert f"group {beta_groups[0]} (slice beta" in text and "by slice: beta" in text
+    # The report's "where" section.
+    page = tmp_path / "report.html"
+    assert main(["report", str(jsonl), "--out", str(page)]) == 0
+    html = page.read_text()
+    where = html[html.index("<h2>Where</h2>"):]
+    assert "AdvmonRewardFunctionNonFinite function=graded at step" in where
+    assert f"<td>{beta_groups[0]}</td><td>nonfinite_reward_functions</td><td>beta</td>" in where
+    assert "By reward function: NaN/Inf scores per step" in where and "By slice: reward mean" in where
