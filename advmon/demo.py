@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from advmon.hooks import scored_by, sliced_by
 from advmon.monitor import Monitor
 from advmon.report import format_summary
 from advmon.sinks.jsonl import JsonlSink, read_jsonl
@@ -127,12 +128,15 @@ def run_steps(monitor: Monitor, config: DemoConfig, unstable: bool):
         return grpo_advantages(prompt_ids, rewards, mask, one_pass_std=unstable)
 
     half = PROMPTS_PER_STEP // 2 * GROUP_SIZE
+    # Two data sources, as a data mix has: every third prompt is competition math.
+    sources = ["competition_math" if i % 3 == 0 else "gsm8k" for i in range(PROMPTS_PER_STEP) for _ in range(GROUP_SIZE)]
     for step in range(config.steps):
         prompt_ids, rewards, mask = _batch(generator, step, config.steps, unstable)
         with monitor.step(step):
             # Two chunks per step, the way a streaming controller calls it.
             for chunk in (slice(0, half), slice(half, None)):
-                compute_advantage(prompt_ids[chunk], rewards[chunk], mask[chunk])
+                with sliced_by(sources[chunk]), scored_by({"correctness": rewards[chunk]}):
+                    compute_advantage(prompt_ids[chunk], rewards[chunk], mask[chunk])
         yield step
 
 

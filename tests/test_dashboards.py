@@ -73,6 +73,18 @@ def test_health_board_has_the_on_call_panels_and_catalog_thresholds():
     assert run["multi"] and run["query"].startswith("label_values(")
 
 
+def test_health_board_repeats_a_panel_per_slice_and_shows_exemplars():
+    data = board_data()["advmon-health.json"]
+    sliced = next(p for p in data["panels"] if p["title"] == "Slice $slice")
+    assert sliced["repeat"] == "slice" and sliced["repeatDirection"] == "h"
+    assert all('slice=~"$slice"' in target["expr"] for target in sliced["targets"])
+    variable = next(v for v in data["templating"]["list"] if v["name"] == "slice")
+    assert variable["multi"] and variable["includeAll"] and "advmon_slice_rewards" in variable["query"]
+    nonfinite = next(p for p in data["panels"] if p["title"] == "NaN/Inf values")
+    assert [t.get("exemplar", False) for t in nonfinite["targets"]] == [False, True]
+    assert any(p["title"] == "Reward functions: mean and NaN/Inf scores" for p in data["panels"])
+
+
 def test_selector_and_title_reach_every_query(tmp_path):
     assert main(["dashboards", "generate", "--out", str(tmp_path), "--selector", 'team="rl"', "--title", "RL / ",
                  "--datasource-uid", "prom-main"]) == 0
@@ -129,7 +141,7 @@ def instant(url: str, expr: str) -> list:
 
 
 VALUES = {"job": ["advmon-demo"], "run": ["stable-run", "unstable-run"], "run_a": "stable-run", "run_b": "unstable-run",
-          "shift_a": ""}
+          "shift_a": "", "slice": ["gsm8k", "competition_math"]}
 
 
 @pytest.mark.integration
@@ -160,7 +172,7 @@ def test_variable_queries_return_the_runs(scraped_runs, name):
         selector, label = substitute(match.group(1), VALUES), match.group(2)
         params = urllib.parse.urlencode({"match[]": selector})
         values = json.loads(http_get(f"{url}/api/v1/label/{label}/values?{params}"))["data"]
-        expected = {"job": {"advmon-demo"}}.get(label, {"stable-run", "unstable-run"})
+        expected = {"job": {"advmon-demo"}, "slice": {"gsm8k", "competition_math"}}.get(label, {"stable-run", "unstable-run"})
         assert expected <= set(values), (variable, values)
 
 

@@ -175,10 +175,12 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
             ),
             PanelSpec(
                 "NaN/Inf values",
-                "Non-finite rewards and advantages per interval, by stage and kind. Any at all is critical.",
+                "Non-finite rewards and advantages per interval, by stage and kind. Any at all is critical. The "
+                "dots are exemplars: hover one for the worst group (and its slice) of the step that counted.",
                 "none",
                 [Query(f'sum by (run, stage, kind) (increase({m("advmon_nonfinite_values_total")}[$__rate_interval]))',
-                       "{{run}} {{stage}} {{kind}}")],
+                       "{{run}} {{stage}} {{kind}}"),
+                 Query(m("advmon_nonfinite_values_total"), "{{run}} {{stage}} {{kind}} (total)", exemplar=True)],
                 thresholds=red_from(1), links=[_runbook(runbook_base, "AdvmonNonFiniteRewards")],
             ),
             PanelSpec(
@@ -186,6 +188,38 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
                 "How many prompt groups each step had and the size of the largest (the G of the bound).",
                 "none",
                 [Query(m("advmon_groups"), "{{run}} groups"), Query(m("advmon_group_max_size"), "{{run}} largest group")],
+            ),
+        ],
+    )
+    sliced = _Metrics(context, 'job=~"$job"', 'run=~"$run"', 'slice=~"$slice"')
+    slices = Row(
+        "Slices and reward functions",
+        [
+            PanelSpec(
+                "Slice $slice",
+                "One copy per selected slice (data source, task; the `slice` variable): its zero-std share, reward "
+                f"mean, NaN/Inf rewards and largest |post-norm advantage| per step. Zero-std above "
+                f"{t['zero_std_ratio']:g} while the run stays below fires AdvmonSliceZeroStdHigh. At most "
+                "max_slices slices per run; later ones are summed in 'other'.",
+                "none",
+                [
+                    Query(sliced("advmon_slice_zero_std_group_ratio"), "{{run}} zero-std share"),
+                    Query(sliced("advmon_slice_reward_mean"), "{{run}} reward mean"),
+                    Query(f'sum without (kind) ({sliced("advmon_slice_reward_nonfinite")})', "{{run}} NaN/Inf rewards"),
+                    Query(sliced("advmon_slice_advantage_abs_max"), "{{run}} max |A|"),
+                ],
+                width=6, repeat="slice", links=[_runbook(runbook_base, "AdvmonSliceZeroStdHigh")],
+            ),
+            PanelSpec(
+                "Reward functions: mean and NaN/Inf scores",
+                "Each reward function's (or GDPO component's) mean, and its NaN/Inf scores per step (a function that "
+                "returned None). Any NaN while the summed reward is finite fires AdvmonRewardFunctionNonFinite.",
+                "none",
+                [
+                    Query(m("advmon_reward_function_mean"), "{{run}} {{function}} mean"),
+                    Query(f'sum without (kind) ({m("advmon_reward_function_nonfinite")})', "{{run}} {{function}} NaN/Inf"),
+                ],
+                width=24, links=[_runbook(runbook_base, "AdvmonRewardFunctionNonFinite")],
             ),
         ],
     )
@@ -222,19 +256,21 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
         title="advmon: advantage health",
         uid=HEALTH_UID,
         description="Per run: is the advantage estimator healthy, which advmon alerts fire and why.",
-        rows=[now, advantages, groups, health],
+        rows=[now, advantages, groups, slices, health],
         variables=[
             Variable("job", "Job", _label_values(context, "job"), multi=True, include_all=True),
             Variable("run", "Run", _label_values(context, "run", 'job=~"$job"'), multi=True, include_all=True),
+            Variable("slice", "Slice", _label_values(context, "slice", 'job=~"$job"', 'run=~"$run"',
+                                                     metric="advmon_slice_rewards"), multi=True, include_all=True),
         ],
         annotations=[_alert_annotation(context)],
         links=[("Runbooks", runbook_base), ("Compare runs", f"/d/{COMPARE_UID}")],
     )
 
 
-def _label_values(context: BoardContext, label: str, *matchers: str) -> str:
-    """A variable's query: the values of ``label`` on advmon's always-present counter."""
-    return f"label_values({PromContext(selector=_selector(context, *matchers)).metric('advmon_updates_total')}, {label})"
+def _label_values(context: BoardContext, label: str, *matchers: str, metric: str = "advmon_updates_total") -> str:
+    """A variable's query: the values of ``label`` on a metric (advmon's always-present counter by default)."""
+    return f"label_values({PromContext(selector=_selector(context, *matchers)).metric(metric)}, {label})"
 
 
 def _alert_annotation(context: BoardContext) -> dict:

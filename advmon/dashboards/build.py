@@ -47,6 +47,8 @@ class Query:
     expr: str
     legend: str = ""
     instant: bool = False
+    #: Ask Prometheus for the series' exemplars too (the worst group behind a non-finite count).
+    exemplar: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class PanelSpec:
     links: Sequence[tuple[str, str]] = ()  # (title, url)
     reduce: str = "lastNotNull"
     fill_below_to: str | None = None  # legend of a series to shade down to (std bands)
+    repeat: str | None = None  # a variable: one copy of the panel per selected value, side by side
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,8 @@ def _panel(spec: PanelSpec, position: g.GridPos, panel_id: int) -> Any:
     common = dict(
         title=spec.title, description=spec.description, dataSource="${datasource}", targets=targets,
         gridPos=position, id=panel_id, links=links,
-        extraJson={"_advmon": {"fill_below_to": spec.fill_below_to, "thresholds": _steps(spec)}},
+        extraJson={"_advmon": {"fill_below_to": spec.fill_below_to, "thresholds": _steps(spec), "repeat": spec.repeat,
+                               "exemplars": [q.exemplar for q in spec.queries]}},
     )
     if spec.kind == "stat":
         return g.Stat(**common, format=spec.unit, reduceCalc=spec.reduce, graphMode="none", textMode="value_and_name")
@@ -222,9 +226,13 @@ def _normalize_panel(panel: dict[str, Any]) -> None:
         panel["panels"] = []
         return
     panel["datasource"] = dict(DATASOURCE)
-    for target in panel.get("targets", []):
+    for target, exemplar in zip(panel.get("targets", []), extra["exemplars"]):
         target["datasource"] = dict(DATASOURCE)
         target.pop("query", None)
+        if exemplar:
+            target["exemplar"] = True
+    if extra["repeat"]:
+        panel.update(repeat=extra["repeat"], repeatDirection="h", maxPerRow=4)
     field_config = panel.setdefault("fieldConfig", {})
     field_config.setdefault("overrides", [])
     defaults = field_config.setdefault("defaults", {})
