@@ -1,7 +1,8 @@
 """``advmon compare``: do two runs of one recipe diverge, where, and in which statistic first?
 
 Method (``docs/compare.md``): the runs are aligned by step (the steps both
-recorded). For each statistic and each step ``t``, the values of the last
+recorded). Each slice both runs recorded (``slices/<label>/...``) is compared
+the same way, statistic by statistic, and the slice that diverges first is named. For each statistic and each step ``t``, the values of the last
 ``window`` common steps of run A are compared with those of run B by a
 Mann-Whitney rank test: ``z`` measures how far A's values sit above or below B's
 *relative to the spread both runs show inside that window*, so each run's own
@@ -37,7 +38,16 @@ import numpy as np
 from advmon.progress import Progress
 from advmon.runs import Run, RunSourceError
 
-__all__ = ["COMPARED_KEYS", "Comparison", "StatisticVerdict", "compare_runs", "rolling_rank_z", "write_comparison_html"]
+__all__ = [
+    "COMPARED_KEYS",
+    "SLICE_KEYS",
+    "Comparison",
+    "StatisticVerdict",
+    "compare_runs",
+    "rolling_rank_z",
+    "slice_of",
+    "write_comparison_html",
+]
 
 #: The statistics compared, in the order they are reported.
 COMPARED_KEYS = (
@@ -58,6 +68,14 @@ COMPARED_KEYS = (
     "rewards/mean",
     "rewards/std",
     "rewards/nan_count",
+)
+#: Each slice's statistics compared (``slices/<label>/<key>``), for the slices both runs recorded.
+SLICE_KEYS = (
+    "rewards/mean",
+    "rewards/nan_count",
+    "groups/zero_std_fraction",
+    "advantages/post_norm/mean",
+    "advantages/post_norm/abs_max",
 )
 _CHUNK = 8192
 
@@ -128,10 +146,22 @@ class Comparison:
     z_threshold: float
     persistence: int
     series: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    #: Per-slice statistics (``slices/<label>/...``) of the slices both runs recorded.
+    slices: list[StatisticVerdict] = field(default_factory=list)
 
     @property
     def diverged(self) -> bool:
-        return any(s.diverged for s in self.statistics)
+        return any(s.diverged for s in (*self.statistics, *self.slices))
+
+    @property
+    def first_slice(self) -> tuple[str, int, list[str]] | None:
+        """The slice that diverges first: its label, step and the statistics that diverged there."""
+        diverged = sorted((s for s in self.slices if s.diverged), key=lambda s: (s.first_step, -s.max_abs_z))
+        if not diverged:
+            return None
+        label = slice_of(diverged[0].key)
+        first = diverged[0].first_step
+        return label, first, [s.key for s in diverged if s.first_step == first and slice_of(s.key) == label]
 
     @property
     def first_divergence(self) -> int | None:
@@ -152,6 +182,9 @@ class Comparison:
             "method": {"test": "rolling Mann-Whitney z over aligned steps", "window": self.window,
                        "z_threshold": self.z_threshold, "persistence": self.persistence},
             "statistics": [s.to_dict() for s in self.statistics],
+            "first_slice": None if self.first_slice is None else {
+                "slice": self.first_slice[0], "step": self.first_slice[1], "statistics": self.first_slice[2]},
+            "slice_statistics": [s.to_dict() for s in self.slices],
         }
 
     def to_text(self) -> str:
@@ -163,8 +196,11 @@ class Comparison:
         ]
         if self.diverged:
             first = [s for s in self.diverged_in_order() if s.first_step == self.first_divergence]
-            lines.append(f"diverged: first divergence at step {self.first_divergence} "
-                         f"({', '.join(s.key for s in first)})")
+            if first:
+                lines.append(f"diverged: first divergence at step {self.first_divergence} "
+                             f"({', '.join(s.key for s in first)})")
+            else:
+                lines.append("diverged: in a slice only; the run-wide statistics stayed within their noise")
         else:
             strongest = max(self.statistics, key=lambda s: s.max_abs_z if math.isfinite(s.max_abs_z) else -1, default=None)
             detail = f"; largest |z| {strongest.max_abs_z:.2f} on {strongest.key}" if strongest else ""
@@ -175,6 +211,16 @@ class Comparison:
             verdict = "DIVERGED" if s.diverged else "same"
             first = "-" if s.first_step is None else str(s.first_step)
             lines.append(f"  {s.key:32} {verdict:10} {first:>10} {_fmt(s.max_abs_z):>8} {_fmt(s.mean_a):>12} {_fmt(s.mean_b):>12}")
+        if self.slices:
+            found = self.first_slice
+            if found is None:
+                labels = sorted({slice_of(s.key) for s in self.slices})
+                lines.append(f"slices ({', '.join(labels)}): none diverged")
+            else:
+                label, step, keys = found
+                lines.append(f"slices: {label} diverges first, at step {step} ({', '.join(keys)})")
+            for s in sorted((s for s in self.slices if s.diverged), key=lambda s: (s.first_step, -s.max_abs_z)):
+                lines.append(f"  {s.key:48} DIVERGED at step {s.first_step:>6} max |z| {_fmt(s.max_abs_z)}")
         return "\n".join(lines)
 
     def to_json(self) -> str:
@@ -183,6 +229,30 @@ class Comparison:
 
 def _fmt(value: float) -> str:
     return "-" if not math.isfinite(value) else f"{value:.4g}"
+
+
+def slice_of(key: str) -> str:
+    """``slices/<label>/...`` -> ``<label>``.
+
+    Example:
+        >>> slice_of("slices/gsm8k/rewards/mean")
+        'gsm8k'
+    """
+    return key.split("/")[1]
+
+
+def _common_slices(run_a: Run, run_b: Run) -> list[str]:
+    """The slice labels both runs recorded, in run A's order of appearance."""
+    def labels(run: Run) -> dict[str, None]:
+        found: dict[str, None] = {}
+        for record in run.records:
+            for key in record.metrics:
+                if key.startswith("slices/") and key.endswith("/rewards/count"):
+                    found.setdefault(key[len("slices/") : -len("/rewards/count")])
+        return found
+
+    theirs = labels(run_b)
+    return [label for label in labels(run_a) if label in theirs and "/" not in label]
 
 
 def _aligned(run_a: Run, run_b: Run) -> tuple[np.ndarray, dict[int, Any], dict[int, Any]]:
@@ -201,9 +271,10 @@ def compare_runs(run_a: Run, run_b: Run, window: int = 20, z_threshold: float = 
     steps, by_a, by_b = _aligned(run_a, run_b)
     if len(steps) < window:
         raise RunSourceError(f"runs {run_a.name} and {run_b.name} share {len(steps)} steps; a window needs {window}")
-    verdicts, series = [], {}
-    with Progress(f"compare {run_a.name} {run_b.name}", total=len(COMPARED_KEYS)) as progress:
-        for key in COMPARED_KEYS:
+    slice_keys = [f"slices/{label}/{key}" for label in _common_slices(run_a, run_b) for key in SLICE_KEYS]
+    verdicts, slices, series = [], [], {}
+    with Progress(f"compare {run_a.name} {run_b.name}", total=len(COMPARED_KEYS) + len(slice_keys)) as progress:
+        for key in (*COMPARED_KEYS, *slice_keys):
             a = np.array([_value(by_a[s], key) for s in steps])
             b = np.array([_value(by_b[s], key) for s in steps])
             progress.advance()
@@ -213,10 +284,11 @@ def compare_runs(run_a: Run, run_b: Run, window: int = 20, z_threshold: float = 
             first = _first_persistent(np.abs(z) >= z_threshold, persistence)
             with np.errstate(all="ignore"):
                 max_z = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else math.nan
-            verdicts.append(StatisticVerdict(key, first is not None, None if first is None else int(steps[first]),
-                                             max_z, _mean(a), _mean(b)))
+            verdict = StatisticVerdict(key, first is not None, None if first is None else int(steps[first]),
+                                       max_z, _mean(a), _mean(b))
+            (slices if key.startswith("slices/") else verdicts).append(verdict)
             series[key] = (steps, a, b)
-    return Comparison(run_a, run_b, steps, verdicts, window, z_threshold, persistence, series)
+    return Comparison(run_a, run_b, steps, verdicts, window, z_threshold, persistence, series, slices)
 
 
 def _value(record: Any, key: str) -> float:
@@ -253,7 +325,8 @@ def write_comparison_html(comparison: Comparison, out: Path) -> Path:
 
     a, b = comparison.run_a.name, comparison.run_b.name
     figures = []
-    for verdict in comparison.diverged_in_order() + [s for s in comparison.statistics if not s.diverged]:
+    sliced = sorted((s for s in comparison.slices if s.diverged), key=lambda s: (s.first_step, -s.max_abs_z))
+    for verdict in comparison.diverged_in_order() + sliced + [s for s in comparison.statistics if not s.diverged]:
         steps, va, vb = comparison.series[verdict.key]
         figure, axes = plt.subplots(figsize=(7.5, 3.0), dpi=100)
         axes.plot(steps, va, linewidth=1, label=f"A: {a}")

@@ -223,3 +223,25 @@ def test_demo_runs_diverge_text_json_and_html(tmp_path, capsys):
     assert main(["compare", str(tp1), str(tp1)]) == 0
     assert "equivalent" in capsys.readouterr().out
     assert (tmp_path / "cmp.html").read_text().count("<svg") >= 10
+
+
+def test_compare_names_the_slice_that_diverges_first():
+    """One source's reward parser breaks at step 40 (simulated): that slice diverges before the run-wide statistics."""
+    from advmon.compare import compare_runs
+    from advmon.runs import Run
+    from advmon.simulation import RunSpec, simulate
+
+    before = simulate(RunSpec("reward_function_none", seed=1, steps=80, onset=10_000))  # same sources, never breaks
+    after = simulate(RunSpec("slice_zero_std", seed=1, steps=80, onset=40))
+    comparison = compare_runs(Run("baseline", "sim", before), Run("broken", "sim", after))
+    label, step, keys = comparison.first_slice
+    assert label == "math" and 40 <= step <= 60 and keys
+    assert not any(s.diverged for s in comparison.slices if s.key.startswith("slices/gsm8k/"))
+    run_wide = comparison.first_divergence
+    assert run_wide is None or step <= run_wide
+    assert f"slices: math diverges first, at step {step}" in comparison.to_text()
+    data = comparison.to_dict()
+    assert data["first_slice"]["slice"] == "math" and data["verdict"] == "diverged"
+    # The same two healthy halves do not diverge in any slice.
+    same = compare_runs(Run("a", "sim", before[:40]), Run("b", "sim", after[:40]))
+    assert same.first_slice is None and "none diverged" in same.to_text()
