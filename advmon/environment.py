@@ -28,7 +28,7 @@ Example:
     >>> settings["run"], settings["reward_range"]
     ('grpo', (0.0, 1.0))
     >>> parse_targets("my_rl.estimators:GRPO(rewards=scores,group_size=4); verl")[0]
-    Target(module='my_rl.estimators', attribute='GRPO', method='compute_advantage', names=ArgumentNames(rewards='scores', mask='mask', groups='prompt_ids', group_size=4))
+    Target(module='my_rl.estimators', attribute='GRPO', method='compute_advantage', names=ArgumentNames(rewards='scores', mask='mask', groups='prompt_ids', group_size=4, slices=None, reward_functions=None))
 """
 
 from __future__ import annotations

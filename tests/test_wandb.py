@@ -180,6 +180,15 @@ def test_exemplars_go_to_a_table_at_troubled_steps_and_every_n(tmp_path, offline
         expected = records[step].exemplars
         assert [row[1] for row in table["data"]] == [e["group"] for e in expected]
         assert [row[2] for row in table["data"]] == [e["reason"] for e in expected]
-        assert table["data"][0][11] == pytest.approx(expected[0]["advantage_abs_max"], nan_ok=True) or \
-            table["data"][0][11] is None
+        peak = table["data"][0][table["columns"].index("advantage_abs_max")]
+        assert peak == pytest.approx(expected[0]["advantage_abs_max"], rel=1e-12) or (
+            peak is None and math.isnan(expected[0]["advantage_abs_max"]))
+    # advmon's W&B reader brings them back with the metrics (for advmon report wandb+DIR).
+    from advmon.runs.wandb import read_wandb_run
+
+    back = {r.step: r for r in read_wandb_run(path).records}
+    for step in tables:
+        assert [e["group"] for e in back[step].exemplars] == [e["group"] for e in records[step].exemplars]
+        assert back[step].exemplars[0]["reward_nan_count"] == records[step].exemplars[0]["reward_nan_count"]
+    assert back[1].exemplars == [] and not any(k.startswith("advmon/exemplars") for k in back[5].metrics)
     assert json.loads((path.parent / "files" / tables[5]).read_text())["data"][0][2] == "nonfinite_rewards"

@@ -1,4 +1,8 @@
-"""An advmon run read back from a W&B offline run (what :class:`advmon.sinks.wandb.WandbSink` logged)."""
+"""An advmon run read back from a W&B offline run (what :class:`advmon.sinks.wandb.WandbSink` logged).
+
+Metrics come from the history rows that carry ``advmon/step``; a step's worst
+groups from the ``advmon/exemplars`` Table file the row points to.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from advmon.runs import ADVMON_PREFIXES, Run, RunSourceError
 __all__ = ["read_wandb_run"]
 
 STEP_KEY = "advmon/step"
+EXEMPLARS_KEY = "advmon/exemplars"  # the sink's Table of a step's worst groups
 
 
 def read_wandb_run(path: Path) -> Run:
@@ -27,6 +32,7 @@ def read_wandb_run(path: Path) -> Run:
         raise RunSourceError(str(exc)) from None
     name = file.stem.removeprefix("run-")
     by_step: dict[int, tuple[float, dict[str, float]]] = {}
+    exemplars: dict[int, list[dict]] = {}
     for entry in entries:
         kind = entry.WhichOneof("record_type")
         if kind == "run" and entry.run.display_name:
@@ -37,14 +43,33 @@ def read_wandb_run(path: Path) -> Run:
         if STEP_KEY not in row:
             continue  # a row of the trainer's alone
         metrics = {k: float(v) for k, v in row.items() if k.startswith(ADVMON_PREFIXES) and k != STEP_KEY
-                   and isinstance(v, (int, float))}
-        by_step[int(row[STEP_KEY])] = (float(row.get("_timestamp", 0.0)), metrics)
+                   and not k.startswith(EXEMPLARS_KEY + "/") and isinstance(v, (int, float))}
+        step = int(row[STEP_KEY])
+        by_step[step] = (float(row.get("_timestamp", 0.0)), metrics)
+        table = row.get(f"{EXEMPLARS_KEY}/path")
+        if isinstance(table, str):
+            exemplars[step] = _table_entries(file.parent / "files" / table)
     keys = sorted({k for _, metrics in by_step.values() for k in metrics})
     records = [
-        Record(name, step, when, "", None, {k: metrics.get(k, math.nan) for k in keys})
+        Record(name, step, when, "", None, {k: metrics.get(k, math.nan) for k in keys}, exemplars.get(step, []))
         for step, (when, metrics) in sorted(by_step.items())
     ]
     return Run(name, str(path), records)
+
+
+def _table_entries(path: Path) -> list[dict]:
+    """A step's exemplars back from the W&B Table file the sink logged (none if the file is not there)."""
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    columns = table.get("columns", [])
+    entries = []
+    for row in table.get("data", []):
+        entry = {column: value for column, value in zip(columns, row) if column != "step"}
+        entries.append({k: math.nan if v is None and k not in ("group", "reason", "slice") else v
+                        for k, v in entry.items()})
+    return entries
 
 
 def _run_file(path: Path) -> Path:
