@@ -83,6 +83,60 @@ def _per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bool) -
 
 
 def _dense(flat: torch.Tensor, mask: torch.Tensor | None, sums: bool) -> RowSummary:
+    if mask is not None and not sync_free(flat) and _binary_float_mask(flat, mask):
+        return _dense_binary(flat, mask, sums)
+    return _dense_exact(flat, mask, sums)
+
+
+def _binary_float_mask(flat: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether a CPU float mask holds only 0 and 1 (then ``values * mask`` keeps exactly the valid values).
+
+    With ``0 <= m <= 1``, ``m * m <= m`` and equality everywhere means every ``m`` is 0 or 1:
+    three reductions, no boolean temporary (comparisons cost the CPU several times more).
+    """
+    if mask.dtype != flat.dtype or not mask.is_floating_point() or mask.numel() == 0:
+        return False
+    low, high = float(mask.amin()), float(mask.amax())
+    if not (low >= 0 and high <= 1):
+        return False
+    line = mask.reshape(-1)
+    return float(torch.dot(line, line)) == float(line.sum())
+
+
+def _dense_binary(flat: torch.Tensor, mask: torch.Tensor, sums: bool) -> RowSummary:
+    """:func:`_dense_exact` for a 0/1 mask on the CPU: ``values * mask``, then plain row reductions.
+
+    A row whose peak comes out NaN or infinite holds a NaN or Inf somewhere (padding
+    included: ``NaN * 0`` is NaN); those rows, rare, are done again exactly.
+    """
+    rows, cols = flat.shape
+    peak = torch.empty(rows, dtype=flat.dtype)
+    # Summed in the mask's own dtype: a float64 result would copy the whole mask to float64 first.
+    # 0/1 values: the partial sums are whole numbers, exact in float32 below 2**24 columns.
+    counts = (mask.sum(dim=1) if cols < (1 << 24) else mask.sum(dim=1, dtype=torch.float64)).to(torch.float64)
+    total = torch.empty(rows, dtype=torch.float64) if sums else None
+    step = max(1, _CPU_CHUNK // max(cols, 1))
+    buffer = torch.empty(min(step, rows), cols, dtype=flat.dtype)
+    for start in range(0, rows, step):
+        at = slice(start, start + step)
+        kept = torch.mul(flat[at], mask[at], out=buffer[: flat[at].shape[0]])
+        torch.maximum(kept.amax(dim=1), kept.amin(dim=1).neg_(), out=peak[at])
+        if sums:
+            total[at] = kept.sum(dim=1, dtype=torch.float64)
+    peak = peak.to(torch.float64)
+    has_valid = counts > 0
+    abs_max = peak.masked_fill(~has_valid, -math.inf)
+    summary = RowSummary(abs_max, torch.zeros(rows, dtype=torch.float64), total, counts if sums else None)
+    suspect = torch.nonzero(~torch.isfinite(peak)).reshape(-1)  # on the CPU: reading it back costs nothing
+    if suspect.numel():
+        exact = _dense_exact(flat[suspect], mask[suspect], sums)
+        for mine, theirs in zip(summary, exact):
+            if mine is not None:
+                mine[suspect] = theirs
+    return summary
+
+
+def _dense_exact(flat: torch.Tensor, mask: torch.Tensor | None, sums: bool) -> RowSummary:
     rows, cols = flat.shape
     device = flat.device
     dtype = flat.dtype if flat.is_floating_point() else torch.float64
