@@ -37,8 +37,10 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
+from advmon.devices import sync_free
 
 __all__ = ["FIELDS", "REASONS", "RewardSegments", "reward_segments", "worst_groups"]
 
@@ -89,6 +91,8 @@ def reward_segments(
     ``function_nonfinite`` counts, per sample, the reward functions whose score is
     NaN or Inf.
     """
+    if not sync_free(rewards):
+        return _host_reward_segments(rewards, ids, function_nonfinite)
     rewards = rewards.to(torch.float64)
     count = rewards.shape[0]
     order = torch.argsort(ids, stable=True)
@@ -139,6 +143,8 @@ def worst_groups(
     of the call's post-norm advantages (``None`` without them). Rows whose ``reason`` is ``NOT_CHOSEN``
     are empty slots or groups with nothing to show.
     """
+    if not sync_free(segments.order):
+        return _host_worst_groups(segments, abs_max, nonfinite, k, bound_factor)
     order, bounds = segments.order, segments.bounds
     slots = segments.size.shape[0]
     if abs_max is None or nonfinite is None:
@@ -185,3 +191,95 @@ def worst_groups(
         "advantage_bound_ratio": ratio,
     }
     return torch.stack([columns[name][ranked] for name in FIELDS], dim=1)
+
+
+# --------------------------------------------------------------------------- the CPU's
+
+
+# On the CPU a call's few thousand samples cost torch's per-op overhead more than their
+# arithmetic: the same values in NumPy, with bincount and reduceat over one slot per
+# group (ids are dense, so groups 0..n-1 each have samples), take a fraction of the time.
+
+
+def _host_reward_segments(
+    rewards: torch.Tensor, ids: torch.Tensor, function_nonfinite: torch.Tensor | None
+) -> RewardSegments:
+    """:func:`reward_segments` in NumPy, with one slot per group (no empty slots: shapes need not be fixed here)."""
+    r = rewards.to(torch.float64).numpy()
+    g = ids.numpy()
+    count = r.shape[0]
+    used = int(g.max()) + 1 if count else 0
+    # Groups of consecutive samples (group_size blocks, verl's repeated uids) are sorted already.
+    order = np.arange(count) if bool(np.all(g[1:] >= g[:-1])) else np.argsort(g, kind="stable")
+    bounds = np.searchsorted(g[order], np.arange(used + 1))
+    starts = bounds[:used]
+    finite = np.isfinite(r)
+
+    def summed(weights: np.ndarray) -> np.ndarray:
+        return np.bincount(g, weights=weights, minlength=used)[:used]
+
+    size = np.bincount(g, minlength=used)[:used].astype(np.float64)
+    finite_count = summed(finite.astype(np.float64))
+    nan_count = summed(np.isnan(r).astype(np.float64))
+    ordered = r[order]
+    ordered_finite = finite[order]
+    if used:
+        low = np.minimum.reduceat(np.where(ordered_finite, ordered, np.inf), starts)
+        high = np.maximum.reduceat(np.where(ordered_finite, ordered, -np.inf), starts)
+    else:
+        low = high = np.zeros(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        # Sums of reward - group minimum, in sample order as the device path sums them.
+        above = summed(np.where(finite, r - low[g], 0.0))
+        mean = low + above / finite_count
+    functions = np.zeros(used) if function_nonfinite is None else summed(function_nonfinite.to(torch.float64).numpy())
+    host = {
+        "size": size, "finite": finite_count, "nan": nan_count, "inf": size - finite_count - nan_count,
+        "min": low, "max": high, "mean": mean, "function_nonfinite": functions,
+    }
+    return RewardSegments(order=torch.from_numpy(order), bounds=torch.from_numpy(bounds),
+                          **{name: torch.from_numpy(values) for name, values in host.items()})
+
+
+def _host_worst_groups(
+    segments: RewardSegments, abs_max: torch.Tensor | None, nonfinite: torch.Tensor | None, k: int, bound_factor: float
+) -> torch.Tensor:
+    order, bounds = segments.order.numpy(), segments.bounds.numpy()
+    size = segments.size.numpy()
+    slots = size.shape[0]
+    used = int(np.count_nonzero(size))  # every slot here, on the host; the device's empty slots come last
+    starts = bounds[:used]
+    peak = np.full(slots, np.nan)
+    bad = np.zeros(slots)
+    if abs_max is not None and nonfinite is not None and used:
+        grouped = np.maximum.reduceat(abs_max.to(torch.float64).numpy()[order], starts)
+        peak[:used] = np.where(grouped == -np.inf, np.nan, grouped)
+        bad[:used] = np.add.reduceat(nonfinite.to(torch.float64).numpy()[order], starts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(size < 2, np.nan, peak / (size / np.sqrt(size - 1)))
+    reward_bad = segments.nan.numpy() + segments.inf.numpy()
+    function_bad = segments.function_nonfinite.numpy()
+    reason = np.select(
+        [size == 0, reward_bad > 0, function_bad > 0, bad > 0, ratio > bound_factor, peak >= 0],
+        [NOT_CHOSEN, *range(len(REASONS))],
+        default=NOT_CHOSEN,
+    ).astype(np.float64)
+    # Worst first (np.lexsort: last key first, stable): reason, most non-finite values, largest |A|.
+    ranked = np.lexsort((-np.nan_to_num(peak, nan=-1.0), -(reward_bad + function_bad + bad), reason))[: min(k, slots)]
+    finite_count = segments.finite.numpy()
+    columns = {
+        "reason": reason,
+        "first_sample": order[np.minimum(bounds[:-1], max(order.shape[0] - 1, 0))].astype(np.float64),
+        "size": size,
+        "reward_finite_count": finite_count,
+        "reward_nan_count": segments.nan.numpy(),
+        "reward_inf_count": segments.inf.numpy(),
+        "reward_function_nonfinite_count": function_bad,
+        "reward_min": np.where(finite_count == 0, np.nan, segments.min.numpy()),
+        "reward_max": np.where(finite_count == 0, np.nan, segments.max.numpy()),
+        "reward_mean": segments.mean.numpy(),
+        "advantage_abs_max": peak,
+        "advantage_nonfinite_samples": bad,
+        "advantage_bound_ratio": ratio,
+    }
+    return torch.from_numpy(np.stack([columns[name][ranked] for name in FIELDS], axis=1))

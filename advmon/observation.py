@@ -304,7 +304,10 @@ def observe_inputs(
         _attempt(problems, lambda: _slice_slots(seen, batch, seen.rewards.device))
     seen.function_nonfinite = _function_nonfinite(functions, seen.rewards)
     if (exemplars > 0 or seen.slice_slots is not None) and seen.group_ids is not None:
-        seen.segments = reward_segments(seen.rewards, seen.group_ids, seen.function_nonfinite)
+        try:
+            seen.segments = reward_segments(seen.rewards, seen.group_ids, seen.function_nonfinite)
+        except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
+            problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
     return seen
 
 

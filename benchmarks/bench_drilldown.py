@@ -4,8 +4,9 @@ At the reference size, B=4096 sequences x T=2048 tokens (float32 advantages, a
 prefix mask of random response lengths, groups of 8 from prompt-id rows), a GRPO
 estimator returning the expand view and one returning dense advantages are
 watched by two monitors that differ only in ``exemplars`` (5, the default, and
-0). Calls alternate between them; the figure is the median of the per-pair
-ratios (this machine's speed drifts, a pair sees the same machine). Issue 18's
+0). Calls alternate between them, in pairs whose order alternates too; the
+figure is the median of the per-pair ratios (this machine's speed drifts, a pair
+sees the same machine). Issue 18's
 goal: at most 1.10.
 
 Usage: python benchmarks/bench_drilldown.py [--repeats N]
@@ -52,14 +53,17 @@ def estimators(noise):
 
 
 def paired(on, off, repeats: int) -> tuple[float, float, float]:
+    """Medians of each, and of the per-pair ratios; which of the two runs first alternates (caches favour neither)."""
     on(), off()
     pairs = []
-    for _ in range(repeats):
+    for index in range(repeats):
+        first, second = (off, on) if index % 2 == 0 else (on, off)
         start = time.perf_counter()
-        off()
+        first()
         middle = time.perf_counter()
-        on()
-        pairs.append((middle - start, time.perf_counter() - middle))
+        second()
+        times = (middle - start, time.perf_counter() - middle)
+        pairs.append(times if index % 2 == 0 else times[::-1])
     return (statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs),
             statistics.median(b / a for a, b in pairs))
 

@@ -123,13 +123,14 @@ def test_a_steps_calls_are_merged_and_cut_to_k(sink):
     assert_same_worst(got, worst_groups(both.numpy(), keys, advantages.numpy()), 3, lambda e: e["key"])
 
 
-def test_a_failure_in_the_exemplars_keeps_the_statistics(sink, monkeypatch):
+@pytest.mark.parametrize("where", ["reward_segments", "worst_groups"])  # before and after the estimator runs
+def test_a_failure_in_the_exemplars_keeps_the_statistics(where, sink, monkeypatch):
     import advmon.observation
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(advmon.observation, "worst_groups", broken)
+    monkeypatch.setattr(advmon.observation, where, broken)
     rewards, mask = batch(8)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
