@@ -336,7 +336,7 @@ def _slice_slots(seen: InputObservation, batch: int, device: torch.device) -> No
     ids = index.ids(labels)
     seen.slice_index = index
     seen.sample_slices = ids
-    seen.slice_slots = to_device(torch.tensor(ids, dtype=torch.long), device)
+    seen.slice_slots = to_device(torch.from_numpy(np.asarray(ids, dtype=np.int64)), device)
 
 
 def observe_output(

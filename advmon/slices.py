@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from advmon.devices import sync_free
 from advmon.exemplars import RewardSegments
 from advmon.row_summaries import RowSummary
 
@@ -89,19 +90,25 @@ class SliceIndex:
         return len(self._folded)
 
     def ids(self, labels: Sequence[Any]) -> list[int]:
-        """Each sample's slot; new labels take a name while there is room."""
-        ids = []
-        for label in labels:
-            name = slice_name(label)
-            slot = self._slots.get(name)
-            if slot is None:
-                if len(self._slots) < self.max_slices:
-                    slot = self._slots[name] = len(self._slots)
-                else:
-                    self._folded.add(name)
-                    slot = self.max_slices
-            ids.append(slot)
-        return ids
+        """Each sample's slot; new labels take a name while there is room (in order of first appearance)."""
+        if isinstance(labels, np.ndarray):
+            labels = labels.tolist()
+        try:
+            slot_of = {label: self._slot(label) for label in dict.fromkeys(labels)}  # each distinct label once
+        except TypeError:  # unhashable labels: named one by one
+            return [self._slot(label) for label in labels]
+        return [slot_of[label] for label in labels]
+
+    def _slot(self, label: Any) -> int:
+        name = slice_name(label)
+        slot = self._slots.get(name)
+        if slot is None:
+            if len(self._slots) < self.max_slices:
+                slot = self._slots[name] = len(self._slots)
+            else:
+                self._folded.add(name)
+                slot = self.max_slices
+        return slot
 
     def slot_names(self) -> list[str | None]:
         """The slice each slot stands for (``None``: no label has taken it yet)."""
@@ -131,6 +138,8 @@ def slice_table(
         >>> table[:, SLICE_FIELDS.index("reward_sum")].tolist(), table[:, SLICE_FIELDS.index("reward_nan_count")].tolist()
         ([4.0, 0.0], [0.0, 1.0])
     """
+    if not sync_free(slots):
+        return _host_slice_table(slots, count, rewards, segments, rows, function_nonfinite)
     device = slots.device
     order = torch.argsort(slots, stable=True)
     bounds = torch.searchsorted(slots[order], torch.arange(count + 1, device=device))
@@ -186,3 +195,59 @@ def _group_columns(slots: torch.Tensor, count: int, segments: RewardSegments) ->
         return torch.segment_reduce(values.to(torch.float64)[order], "sum", offsets=bounds, unsafe=True, initial=0.0)[:count]
 
     return {"groups_comparable": per_slice(comparable), "groups_zero_std": per_slice(zero_std)}
+
+
+def _host_slice_table(
+    slots: torch.Tensor,
+    count: int,
+    rewards: torch.Tensor | None,
+    segments: RewardSegments | None,
+    rows: RowSummary | None,
+    function_nonfinite: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`slice_table` in NumPy on the CPU (torch's per-op overhead outweighs a few thousand samples)."""
+    slot = slots.numpy()
+
+    def summed(weights: np.ndarray) -> np.ndarray:
+        return np.bincount(slot, weights=weights, minlength=count)[:count]
+
+    unknown = np.full(count, np.nan)
+    columns = {"samples": np.bincount(slot, minlength=count)[:count].astype(np.float64)}
+    if rewards is None:
+        columns.update(dict.fromkeys(SLICE_FIELDS[1:5], unknown))
+    else:
+        r = rewards.to(torch.float64).numpy()
+        finite, nan = np.isfinite(r), np.isnan(r)
+        columns.update(
+            reward_finite_count=summed(finite.astype(np.float64)),
+            reward_sum=summed(np.where(finite, r, 0.0)),
+            reward_nan_count=summed(nan.astype(np.float64)),
+            reward_inf_count=summed((~finite & ~nan).astype(np.float64)),
+        )
+    columns["reward_function_nonfinite"] = (
+        np.zeros(count) if function_nonfinite is None else summed(function_nonfinite.to(torch.float64).numpy()))
+    if segments is None:
+        columns.update(groups_comparable=unknown, groups_zero_std=unknown)
+    else:
+        order, bounds, size = segments.order.numpy(), segments.bounds.numpy(), segments.size.numpy()
+        used = size > 0
+        first = order[np.minimum(bounds[:-1], max(order.shape[0] - 1, 0))][used]
+        group_slot = slot[first] if first.size else np.zeros(0, dtype=slot.dtype)
+        finite_count = segments.finite.numpy()[used]
+        comparable = finite_count >= 2
+        zero_std = comparable & (segments.min.numpy()[used] == segments.max.numpy()[used])
+        columns.update(
+            groups_comparable=np.bincount(group_slot, weights=comparable.astype(np.float64), minlength=count)[:count],
+            groups_zero_std=np.bincount(group_slot, weights=zero_std.astype(np.float64), minlength=count)[:count],
+        )
+    if rows is None or rows.total is None:
+        columns.update(advantage_count=unknown, advantage_sum=unknown, advantage_abs_max=unknown)
+    else:
+        peak = np.full(count, -np.inf)
+        np.maximum.at(peak, slot, rows.abs_max.to(torch.float64).numpy())
+        columns.update(
+            advantage_count=summed(rows.count.to(torch.float64).numpy()),
+            advantage_sum=summed(rows.total.to(torch.float64).numpy()),
+            advantage_abs_max=np.where(peak == -np.inf, np.nan, peak),
+        )
+    return torch.from_numpy(np.stack([columns[name] for name in SLICE_FIELDS], axis=1))

@@ -4,7 +4,7 @@ At the reference size, B=4096 sequences x T=2048 tokens (float32 advantages, a
 prefix mask of random response lengths, groups of 8 from prompt-id rows), a GRPO
 estimator returning the expand view and one returning dense advantages are
 watched by two monitors that differ only in ``exemplars`` (5, the default, and
-0). Calls alternate between them, in pairs whose order alternates too; the
+0); then the same with slice labels (two data sources) on the first. Calls alternate between them, in pairs whose order alternates too; the
 figure is the median of the per-pair ratios (this machine's speed drifts, a pair
 sees the same machine). Issue 18's
 goal: at most 1.10.
@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     prompts, rewards, mask, noise = inputs()
+    sources = ["math" if i % 4 == 0 else "gsm8k" for i in range(B // G) for _ in range(G)]
     print(f"bench_drilldown: torch {torch.__version__}, {torch.get_num_threads()} threads, B={B} T={T} G={G}, "
           f"median of {args.repeats} pairs")
     with tempfile.TemporaryDirectory() as folder:
@@ -81,10 +82,16 @@ def main() -> None:
             for name, estimator in estimators(noise).items():
                 on, off = with_them.watch(estimator), without.watch(estimator)
                 bare = statistics.median(_seconds(lambda: estimator(prompts, rewards, mask)) for _ in range(5))
-                without_ms, with_ms, ratio = paired(lambda: on(prompts, rewards, mask), lambda: off(prompts, rewards, mask),
-                                                    args.repeats)
-                print(f"  {name:17} estimator {bare * 1e3:7.2f} ms | watched, exemplars=0 {without_ms * 1e3:7.2f} ms, "
-                      f"=5 {with_ms * 1e3:7.2f} ms | ratio {ratio:5.3f} (goal <= 1.10)")
+
+                def sliced():
+                    with advmon.sliced_by(sources):
+                        return on(prompts, rewards, mask)
+
+                for label, call in (("exemplars=5", lambda: on(prompts, rewards, mask)),
+                                    ("+ 2 slices", sliced)):
+                    without_ms, with_ms, ratio = paired(call, lambda: off(prompts, rewards, mask), args.repeats)
+                    print(f"  {name:17} estimator {bare * 1e3:6.2f} ms | watched, no drill-down {without_ms * 1e3:6.2f} ms,"
+                          f" {label:11} {with_ms * 1e3:6.2f} ms | ratio {ratio:5.3f} (goal <= 1.10)")
 
 
 def _seconds(fn) -> float:
