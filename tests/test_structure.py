@@ -83,11 +83,14 @@ def test_the_import_graph_has_no_circles():
 def test_the_layers_point_down():
     graph = import_graph()
     maths = ("advmon.stats", "advmon.groups", "advmon.prefix_sketch", "advmon.sketch_format", "advmon.devices",
-             "advmon.device_sketch", "advmon.triton_sketch", "advmon.triton_groups")
+             "advmon.device_sketch", "advmon.triton_sketch", "advmon.triton_groups",
+             "advmon.exemplars", "advmon.row_summaries", "advmon.slices")
     for module in maths:
         assert not {m for m in graph[module] if m not in maths}, module
+    drilldown = ("advmon.exemplars", "advmon.row_summaries", "advmon.slices")
     for module in ("advmon.rules", *(m for m in graph if m.startswith("advmon.alerts"))):
-        assert not {m for m in graph[module] if m.startswith(("advmon.monitor", "advmon.stats", "advmon.groups"))}, module
+        assert not {m for m in graph[module] if m.startswith(("advmon.monitor", "advmon.stats", "advmon.groups",
+                                                               *drilldown))}, module
     for module in (m for m in graph if m.startswith("advmon.sinks")):
         assert "advmon.monitor" not in graph[module], module
     assert "advmon.monitor" not in graph["advmon.hooks"]
