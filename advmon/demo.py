@@ -195,10 +195,14 @@ def _alerts_section(records: list) -> str:
     occurrences = evaluate_records(records)
     if not occurrences:
         return "  alerts: none"
-    lines = ["  alerts (step fired -> resolved):"]
+    lines = ["  alerts (step fired -> resolved; where: the first time each fired):"]
+    explained = set()
     for o in occurrences:
         resolved = "still firing" if o.resolved_step is None else f"resolved at {o.resolved_step}"
         lines.append(f"    step {o.fired_step:>4}  {o.severity:<8} {o.alert} ({resolved}, value {o.value:.4g})")
+        if o.where and o.alert not in explained:
+            explained.add(o.alert)
+            lines.append(f"               where: {o.where}")
     return "\n".join(lines)
 
 

@@ -889,26 +889,26 @@ def where(alert: str, record: Any, labels: Mapping[str, str] | None = None) -> s
         if worst is not None:
             bad = _number(worst, "reward_nan_count") + _number(worst, "reward_inf_count")
             size = _number(worst, "size")
-            lead += ", worst " + _named(worst, f"{format_number(bad)} of {format_number(size)} NaN/Inf")
+            lead += ", worst group " + _named(worst, f"{format_number(bad)} of {format_number(size)} NaN/Inf")
         parts.append(lead)
         parts.append(_by_slice(metrics, ("rewards/nan_count", "rewards/inf_count")))
     elif alert == "AdvmonRewardFunctionNonFinite":
         chosen = [e for e in exemplars if e.get("reason") == "nonfinite_reward_functions"]
         if chosen:
-            parts.append("worst groups " + ", ".join(
+            parts.append("worst groups: " + ", ".join(
                 _named(e, f"{format_number(_number(e, 'reward_function_nonfinite_count'))} NaN/Inf scores")
                 for e in chosen))
         parts.append(_by_slice(metrics, ("rewards/function_nonfinite_count",)))
     elif alert == "AdvmonNonFiniteAdvantages":
         chosen = [e for e in exemplars if _number(e, "advantage_nonfinite_samples") > 0]
         if chosen:
-            parts.append("worst groups " + ", ".join(
+            parts.append("worst groups: " + ", ".join(
                 _named(e, f"{format_number(_number(e, 'advantage_nonfinite_samples'))} of "
                           f"{format_number(_number(e, 'size'))} samples NaN/Inf") for e in chosen))
     elif alert == "AdvmonAdvantageBeyondGroupBound":
         chosen = [e for e in exemplars if e.get("reason") == "beyond_bound"]
         if chosen:
-            parts.append("worst groups " + ", ".join(
+            parts.append("worst groups: " + ", ".join(
                 _named(e, f"|A| {_format_value(_number(e, 'advantage_abs_max'))} = "
                           f"{_format_value(_number(e, 'advantage_bound_ratio'))}x G/sqrt(G-1)") for e in chosen))
     elif alert in ("AdvmonZeroStdGroupsHigh", "AdvmonSliceZeroStdHigh"):
@@ -934,7 +934,7 @@ def _first(entries: Sequence[Mapping[str, Any]], test: Callable[[Mapping[str, An
 
 def _named(entry: Mapping[str, Any], detail: str) -> str:
     inside = ([f"slice {entry['slice']}"] if entry.get("slice") else []) + [detail]
-    return f"group {entry.get('group')} ({', '.join(inside)})"
+    return f"{entry.get('group')} ({', '.join(inside)})"
 
 
 def _slice_values(metrics: Mapping[str, Any], key: str) -> dict[str, float]:

@@ -241,7 +241,7 @@ def test_a_reward_function_returning_none_for_one_source_is_named_everywhere(tmp
     assert main(["alerts", "check", str(jsonl)]) == 1
     text = capsys.readouterr().out
     assert "AdvmonRewardFunctionNonFinite" in text and "function=graded" in text
-    assert f"group {beta_groups[0]} (slice beta" in text and "by slice: beta" in text
+    assert f"worst groups: {beta_groups[0]} (slice beta" in text and "by slice: beta" in text
     # The report's "where" section.
     page = tmp_path / "report.html"
     assert main(["report", str(jsonl), "--out", str(page)]) == 0
