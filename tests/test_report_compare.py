@@ -245,3 +245,23 @@ def test_compare_names_the_slice_that_diverges_first():
     # The same two healthy halves do not diverge in any slice.
     same = compare_runs(Run("a", "sim", before[:40]), Run("b", "sim", after[:40]))
     assert same.first_slice is None and "none diverged" in same.to_text()
+
+
+@pytest.mark.integration
+def test_the_where_section_renders_in_chromium(tmp_path):
+    """A drill-down run: the slice and reward-function plots are drawn and the worst groups' table is on the page."""
+    source = write_jsonl(tmp_path / "r.jsonl", simulate(RunSpec("reward_function_none", seed=2, steps=40, onset=20)))
+    out = tmp_path / "report.html"
+    assert main(["report", str(source), "--out", str(out)]) == 0
+    page = out.read_text()
+    where = page[page.index("<h2>Where</h2>"):]
+    assert "AdvmonRewardFunctionNonFinite function=format at step 20" in where
+    assert "<td>nonfinite_reward_functions</td><td>math</td>" in where
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.replace("</body>", PROBE + "</body>"))
+    dom = chromium("--dump-dom", probed.as_uri()).stdout
+    plots = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    assert len(plots) == 6 + 6  # the run's panels, then 4 per-slice and 2 per-function ones
+    for plot in plots:
+        assert plot["visible"] and plot["width"] > 300 and plot["height"] > 120, plot
+        assert plot["lines"] > 20, plot
