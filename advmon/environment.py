@@ -17,7 +17,9 @@ instrument, so nothing in the worker's code has to change:
                            callable returning one (``advmon.integrations.verl:current_step``)
 ``ADVMON_INSTRUMENT``      ``;``-separated targets: ``module:Class``, ``module:Class.method``,
                            ``module:function``, each optionally followed by argument names
-                           ``(rewards=...,mask=...,groups=...,group_size=N)``; or ``verl``
+                           ``(rewards=...,mask=...,groups=...,group_size=N,slices=...,
+                           reward_functions=...)``; or ``verl``
+``ADVMON_EXEMPLARS``       worst groups per record (default 5; ``0``: none)
 ``ADVMON_STRICT``          ``1``: raise advmon's own errors (tests)
 ``ADVMON_ALL_RANKS``       ``1``: record on every rank, not only rank 0
 ``ADVMON_EXIT_TIMEOUT``    seconds interpreter exit may spend delivering (default 5)
@@ -72,7 +74,7 @@ class Target:
     def spec(self) -> str:
         """The entry back as text (what :func:`parse_targets` reads)."""
         defaults = ArgumentNames()
-        changed = [f"{k}={getattr(self.names, k)}" for k in ("rewards", "mask", "groups", "group_size")
+        changed = [f"{k}={getattr(self.names, k)}" for k in _NAME_OPTIONS
                    if getattr(self.names, k) != getattr(defaults, k)]
         # A nested class (Outer.Inner) needs its method spelled out, or Inner would read as the method.
         spelled = self.method != "compute_advantage" or "." in (self.attribute or "")
@@ -188,13 +190,17 @@ def parse_targets(text: str) -> list[Target]:
     return targets
 
 
+#: The argument-name options an ``ADVMON_INSTRUMENT`` entry may set, as ``watch`` takes them.
+_NAME_OPTIONS = ("rewards", "mask", "groups", "group_size", "slices", "reward_functions")
+
+
 def _names(text: str | None, entry: str) -> ArgumentNames:
     values: dict[str, Any] = {}
     for pair in filter(str.strip, (text or "").split(",")):
         key, equals, value = (s.strip() for s in pair.partition("="))
-        if not equals or key not in ("rewards", "mask", "groups", "group_size"):
-            raise AdvmonConfigError(f"ADVMON_INSTRUMENT entry {entry.strip()!r}: expected rewards=, mask=, groups= "
-                                    f"or group_size=, got {pair.strip()!r}")
+        if not equals or key not in _NAME_OPTIONS:
+            raise AdvmonConfigError(f"ADVMON_INSTRUMENT entry {entry.strip()!r}: expected rewards=, mask=, groups=, "
+                                    f"group_size=, slices= or reward_functions=, got {pair.strip()!r}")
         if key == "group_size":
             try:
                 values[key] = int(value)

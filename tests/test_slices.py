@@ -239,3 +239,14 @@ def test_nemo_rl_gdpo_reward_components_are_its_reward_keys(sink):
     assert metrics["rewards/correctness/mean"] == pytest.approx(value_stats(correctness.numpy())["mean"], rel=1e-12)
     assert metrics["rewards/style/max"] == pytest.approx(float(style.max()), rel=1e-12)
     assert metrics["slices/math/rewards/count"] == 16
+
+
+def test_advmon_instrument_entries_take_slices_and_reward_functions():
+    """Workers configured by environment (Ray, NeMo-RL's controller) name them as ``watch`` does."""
+    from advmon.environment import parse_targets
+
+    (target,) = parse_targets("my_rl.estimators:GDPO(slices=repeated_batch.task_name,reward_functions=repeated_batch:reward/)")
+    assert target.names.slices == "repeated_batch.task_name" and target.names.reward_functions == "repeated_batch:reward/"
+    assert parse_targets(target.spec) == [target]
+    with pytest.raises(advmon.AdvmonConfigError, match="slices= or reward_functions="):
+        parse_targets("my_rl.estimators:GDPO(labels=x)")
