@@ -190,7 +190,7 @@ def test_scrape_mode_beside_the_trainers_own_exporter():
 def test_the_endpoint_binds_loopback_by_default():
     sink = PrometheusSink(port=free_port())
     try:
-        assert sink._server.server_address[0] == "127.0.0.1"
+        assert sink._exporter.server.server_address[0] == "127.0.0.1"
     finally:
         sink.close()
 
@@ -249,3 +249,58 @@ def test_slices_and_reward_functions_as_gauges_and_the_worst_group_as_an_exempla
             assert float(exemplar["value"]) == 1.0
     finally:
         prometheus.stop()
+
+
+def test_two_monitors_of_one_process_share_one_address(tmp_path, monkeypatch):
+    """Issue 19: a train and an eval monitor on one port; the second used to raise OSError into training."""
+    port = free_port()
+    monkeypatch.chdir(tmp_path)  # the default JSONL files land here
+    monkeypatch.setenv("ADVMON_SINKS", f"jsonl,prometheus:127.0.0.1:{port}")
+    train = advmon.Monitor("train-run")
+    evaluation = advmon.Monitor("train-run-eval")  # no OSError: the endpoint is shared
+    try:
+        train.observe(rewards=torch.tensor([1.0, 0.0]))
+        evaluation.observe(rewards=torch.tensor([0.25, 0.75]))
+        exposed = parse_exposition(http_get(f"http://127.0.0.1:{port}/metrics").decode())
+        assert exposed['advmon_reward_mean{run="train-run"}'] == 0.5
+        assert exposed['advmon_reward_mean{run="train-run-eval"}'] == 0.5
+        assert exposed['advmon_updates_total{run="train-run"}'] == 1.0
+        train.close()  # the other monitor still serves there
+        exposed = parse_exposition(http_get(f"http://127.0.0.1:{port}/metrics").decode())
+        assert 'advmon_updates_total{run="train-run-eval"}' in exposed
+        assert not any('run="train-run"' in key for key in exposed)
+    finally:
+        train.close()
+        evaluation.close()
+    with pytest.raises(OSError):  # the last close freed the port
+        http_get(f"http://127.0.0.1:{port}/metrics")
+
+
+def test_a_port_another_process_holds_warns_once_and_training_goes_on(tmp_path):
+    import sys
+    import warnings
+
+    port = free_port()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        f"s.bind(('127.0.0.1', {port})); s.listen(); print('bound', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "bound"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            monitor = advmon.Monitor("held", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"),
+                                                    f"prometheus:127.0.0.1:{port}"])
+            for step in range(3):
+                with monitor.step(step):
+                    monitor.observe(rewards=torch.tensor([1.0, 0.0]))
+            monitor.close()
+        messages = [str(w.message) for w in caught if "could not serve Prometheus metrics" in str(w.message)]
+        assert len(messages) == 1 and f"127.0.0.1:{port}" in messages[0]
+        records = advmon.read_jsonl(tmp_path / "r.jsonl")
+        assert [r.step for r in records] == [0, 1, 2]  # training went on, and recorded
+        # A record carries the failures before its own delivery: the third shows the first two.
+        assert [r.metrics["advmon/sink_errors/prometheus"] for r in records] == [0.0, 1.0, 2.0]
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)

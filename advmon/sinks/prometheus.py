@@ -273,13 +273,31 @@ class _CollectorSink(Sink):
         self.collector.set_sink_names(sink_names)
 
 
+class _Exporter:
+    """One HTTP endpoint of a process and the registry it serves, shared by the monitors that ask for its address."""
+
+    def __init__(self, server: Any, registry: Any) -> None:
+        self.server = server
+        self.registry = registry
+        self.users = 0
+
+
+#: The process's endpoints by (host, port): a train and an eval monitor on one address share one.
+_EXPORTERS: dict[tuple[str, int], _Exporter] = {}
+_EXPORTERS_LOCK = threading.Lock()
+
+
 class PrometheusSink(_CollectorSink):
     """Expose the latest record for scraping.
 
-    By default starts its own HTTP endpoint on ``host:port`` (``127.0.0.1``;
-    ``port=0`` picks a free port, see :attr:`port`) with its own registry, so it
-    runs beside a trainer's exporter. Pass ``registry=`` to add advmon's collector
-    to an existing registry instead and start no server.
+    By default serves an HTTP endpoint on ``host:port`` (``127.0.0.1``;
+    ``port=0`` picks a free port, see :attr:`port`) with a registry of advmon's
+    own, so it runs beside a trainer's exporter. Monitors of one process that ask
+    for the same address share its endpoint (their series differ by ``run``): a
+    train and an eval monitor is the common case. If another process holds the
+    port, the sink fails every record (counted in ``advmon/sink_errors/prometheus``;
+    the monitor warns once, saying why) and training goes on. Pass ``registry=``
+    to add advmon's collector to an existing registry instead and start no server.
 
     Example:
         >>> sink = PrometheusSink(port=0)
@@ -294,28 +312,58 @@ class PrometheusSink(_CollectorSink):
     synchronous = True  # an in-memory update: cheap enough for the training thread
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = 9464, registry: Any = None, run: str = "") -> None:
-        super().__init__(run, registry)
-        self._server = None
+        self._exporter: _Exporter | None = None
+        self._unavailable = ""
         self.host = host
         self.port = None
-        if registry is None and port is not None:
-            self._server, _ = self._client.start_http_server(port, addr=host, registry=self.registry)
-            self.port = self._server.server_port
-            if port == 0:  # a free port: say which, for the scrape configuration (several workers, one node)
-                logging.getLogger("advmon").info(
-                    "advmon: Prometheus endpoint of process %d at http://%s:%d/metrics", os.getpid(), host, self.port)
+        if registry is not None or port is None:
+            super().__init__(run, registry)
+            return
+        client = require("prometheus_client", "prometheus")
+        with _EXPORTERS_LOCK:
+            exporter = _EXPORTERS.get((host, port)) if port else None
+            if exporter is None:
+                shared = client.CollectorRegistry(auto_describe=False)
+                try:
+                    server, _ = client.start_http_server(port, addr=host, registry=shared)
+                except OSError as exc:
+                    # Said once, with the first record's failure (the monitor warns once per sink and counts).
+                    self._unavailable = (f"could not serve Prometheus metrics on {host}:{port}: {exc.strerror or exc} "
+                                         "(is another process using the port?); this sink records nothing")
+                    super().__init__(run, None)  # a registry of its own, served by no one
+                    return
+                exporter = _Exporter(server, shared)
+                _EXPORTERS[(host, server.server_port)] = exporter
+            exporter.users += 1
+            self._exporter = exporter
+            super().__init__(run, exporter.registry)
+        self.port = exporter.server.server_port
+        if port == 0:  # a free port: say which, for the scrape configuration (several workers, one node)
+            logging.getLogger("advmon").info(
+                "advmon: Prometheus endpoint of process %d at http://%s:%d/metrics", os.getpid(), host, self.port)
 
     def write(self, record: Record) -> None:
+        if self._unavailable:
+            raise RuntimeError(self._unavailable)
         self.collector.update(record)
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        exporter, self._exporter = self._exporter, None
+        if exporter is None:
+            return
+        with _EXPORTERS_LOCK:
+            self.registry.unregister(self.collector)
+            exporter.users -= 1
+            if exporter.users > 0:
+                return  # another monitor of this process still serves there
+            _EXPORTERS.pop((self.host, exporter.server.server_port), None)
+        exporter.server.shutdown()
+        exporter.server.server_close()
 
     def __repr__(self) -> str:
         where = f"{self.host}:{self.port}" if self.port is not None else "injected registry"
+        if self._unavailable:
+            where = f"{self.host}, not serving"
         return f"PrometheusSink({where})"
 
 
