@@ -1,81 +1,41 @@
-"""A terminal summary of a run's records: last and worst values, first signs of trouble.
+"""A terminal summary of a run's records: last and worst values, and the catalog's verdict.
 
-The signs are the instability signatures RL teams look for first; the generated
-Prometheus alerts encode the same thresholds for on-call.
+The instability signs are the alert catalog's (:mod:`advmon.rules`): the first step
+each of its alerts fired over the run, as ``advmon alerts check`` and the generated
+Prometheus rules judge it, so a summary and the alerts never give two verdicts.
 
 Example:
     >>> from advmon.record import Record
     >>> records = [Record("r", s, 0.0, "e", "derived", {"rewards/nan_count": float(s > 1)}) for s in range(3)]
     >>> [(sign.step, sign.name) for sign in first_signs(records)]
-    [(2, 'NaN/Inf rewards')]
+    [(2, 'AdvmonNonFiniteRewards')]
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from advmon.record import Record
+from advmon.rules import Thresholds
 
-__all__ = ["ADVANTAGE_OUTLIER", "SIGNS", "TABLE", "Sign", "first_signs", "format_summary", "worst_value"]
-
-#: |advantage| beyond which a value is an outlier. Sample-std normalization bounds
-#: |A| by (G-1)/sqrt(G) (2.47 for G=8), but a leave-one-out std over graded rewards
-#: legitimately reaches the tens; hundreds and more mean a std that should have
-#: been 0 (float32 cancellation, an epsilon instead of a zero-std guard).
-ADVANTAGE_OUTLIER = 50.0
-#: Zero-std group fraction from which most of the batch carries no learning signal.
-ZERO_STD_MAJORITY = 0.5
+__all__ = ["TABLE", "Sign", "first_signs", "format_summary", "worst_value"]
 
 
 @dataclass(frozen=True)
 class Sign:
-    """The first step at which an instability sign appeared, and what was seen."""
+    """The first step at which a catalog alert fired, its severity and what it said."""
 
     name: str
     step: int
     detail: str
+    severity: str = ""
 
 
 def _value(record: Record, key: str) -> float:
     return record.metrics.get(key, math.nan)
 
-
-def _nonfinite(record: Record, prefix: str) -> float:
-    counts = (_value(record, f"{prefix}/{kind}_count") for kind in ("nan", "inf"))
-    return sum(c for c in counts if not math.isnan(c))
-
-
-def _outlier(record: Record) -> float:
-    extremes = [abs(_value(record, f"advantages/post_norm/{k}")) for k in ("min", "max")]
-    finite = [e for e in extremes if math.isfinite(e)]
-    return max(finite, default=0.0)
-
-
-# name, test on a record, description of what was seen
-SIGNS: tuple[tuple[str, Callable[[Record], bool], Callable[[Record], str]], ...] = (
-    (
-        "NaN/Inf rewards",
-        lambda r: _nonfinite(r, "rewards") > 0,
-        lambda r: f"{_value(r, 'rewards/nan_count'):g} NaN, {_value(r, 'rewards/inf_count'):g} Inf rewards",
-    ),
-    (
-        "NaN/Inf advantages",
-        lambda r: _nonfinite(r, "advantages/post_norm") + _nonfinite(r, "advantages/pre_norm") > 0,
-        lambda r: f"{_nonfinite(r, 'advantages/post_norm'):g} non-finite post-norm values",
-    ),
-    (
-        f"advantage outliers (|A| > {ADVANTAGE_OUTLIER:g})",
-        lambda r: _outlier(r) > ADVANTAGE_OUTLIER,
-        lambda r: f"min {_value(r, 'advantages/post_norm/min'):.6g}, max {_value(r, 'advantages/post_norm/max'):.6g}",
-    ),
-    (
-        f"zero-std groups >= {ZERO_STD_MAJORITY:.0%}",
-        lambda r: _value(r, "groups/zero_std_fraction") >= ZERO_STD_MAJORITY,
-        lambda r: f"zero_std_fraction {_value(r, 'groups/zero_std_fraction'):.2f}",
-    ),
-)
 
 # key, label, which end is worse
 TABLE: tuple[tuple[str, str], ...] = (
@@ -91,13 +51,15 @@ TABLE: tuple[tuple[str, str], ...] = (
 )
 
 
-def first_signs(records: Sequence[Record]) -> list[Sign]:
-    """The first step each instability sign appeared, in order of appearance."""
+def first_signs(records: Sequence[Record], thresholds: Thresholds | None = None) -> list[Sign]:
+    """The first step each alert of the catalog fired, in order of appearance (``advmon alerts check``'s verdict)."""
+    from advmon.alerts.evaluator import evaluate_records
+
     found: dict[str, Sign] = {}
-    for record in sorted(records, key=lambda r: r.step):
-        for name, test, detail in SIGNS:
-            if name not in found and test(record):
-                found[name] = Sign(name, record.step, detail(record))
+    for occurrence in evaluate_records(sorted(records, key=lambda r: r.step), thresholds):
+        if occurrence.alert not in found:
+            found[occurrence.alert] = Sign(occurrence.alert, occurrence.fired_step, occurrence.description,
+                                           occurrence.severity)
     return sorted(found.values(), key=lambda s: s.step)
 
 
@@ -125,10 +87,10 @@ def format_summary(run: str, records: Sequence[Record], source: str = "") -> str
         lines.append(f"  {key:34} {_fmt(_value(last, key)):>12}   {worst_text}")
     signs = first_signs(records)
     if not signs:
-        lines.append("  instability signs: none")
+        lines.append("  instability signs: none (no alert of the catalog fired)")
     else:
-        lines.append("  instability signs (first step seen):")
-        lines.extend(f"    step {s.step:>4}  {s.name}: {s.detail}" for s in signs)
+        lines.append("  instability signs (the first step each catalog alert fired):")
+        lines.extend(f"    step {s.step:>4}  {s.severity:<8} {s.name}: {s.detail}" for s in signs)
     return "\n".join(lines)
 
 
