@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from advmon.devices import to_device, where_float64_works
+from advmon.devices import sync_free, to_device, where_float64_works
 from advmon.exemplars import RewardSegments, reward_segments, worst_groups
 from advmon.groups import GroupsError, group_counts, group_ids, group_statistics, row_keys
+from advmon.prefix_sketch import RowExtremes
 from advmon.row_summaries import RowSummary, row_summaries
 from advmon.slices import SliceIndex, slice_name, slice_table
 from advmon.stats import EXACT_LIMIT, Part, dense_part, row_valid_counts, value_part
@@ -179,14 +180,20 @@ def _result_metrics(result: Any) -> Any:
     return getattr(result, "metrics", None)
 
 
-def tensor_part(values: torch.Tensor, mask: torch.Tensor | None, row_counts: torch.Tensor | None = None) -> Part:
+def tensor_part(
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    row_counts: torch.Tensor | None = None,
+    extremes: RowExtremes | None = None,
+) -> Part:
     """Statistics part of an advantages-like tensor under the call's mask.
 
     ``[B]`` and ``[B, 1]`` tensors are per sequence (the mask does not apply).
     Otherwise positions where ``mask > 0`` count, or every position without a
     mask; a zero-stride ``expand`` view is summarised from its ``B`` distinct
     values weighted by each row's number of valid positions (``row_counts``, when
-    the caller has them already: :func:`row_valid_counts` of the mask).
+    the caller has them already: :func:`row_valid_counts` of the mask). A dense
+    tensor's rows' extremes go to ``extremes`` where the sketch can take them.
     """
     if values.dim() == 0:
         raise ObservationError("advantages_shape", "advantages are a scalar; expected [B] or [B, T]")
@@ -212,7 +219,7 @@ def tensor_part(values: torch.Tensor, mask: torch.Tensor | None, row_counts: tor
         return value_part(per_row, weights)
     width = values[0].numel() if rows else 0  # reshape(0, -1) is ambiguous for an empty batch
     flat = values.reshape(rows, width)
-    return dense_part(flat, None if mask is None else mask.reshape(rows, width))
+    return dense_part(flat, None if mask is None else mask.reshape(rows, width), extremes)
 
 
 def _sequence_rewards(rewards: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -250,6 +257,7 @@ class InputObservation:
     slice_index: SliceIndex | None = None
     pending_slices: tuple[Any, SliceIndex] | None = None  #: labels not yet numbered (no batch size yet)
     function_nonfinite: torch.Tensor | None = None  #: per sample: reward functions that scored it NaN or Inf
+    extremes: RowExtremes | None = None  #: dense advantages' row extremes, from the CPU sketch's pass
 
 
 def observe_inputs(
@@ -354,7 +362,9 @@ def observe_output(
     parts.stages.update({stage: list(found) for stage, found in taps.items() if found})
     advantages_t = _attempt(problems, lambda: as_tensor(advantages, "advantages"))
     if advantages_t is not None and "post_norm" not in parts.stages:
-        post = _attempt(problems, lambda: tensor_part(advantages_t, seen.mask, _expand_row_counts(seen, advantages_t)))
+        seen.extremes = _wanted_extremes(seen, advantages_t)
+        post = _attempt(problems, lambda: tensor_part(advantages_t, seen.mask, _expand_row_counts(seen, advantages_t),
+                                                      seen.extremes))
         if post is not None:
             parts.stages["post_norm"] = [post]
     batch = _batch_size(seen.rewards, advantages_t, problems)
@@ -409,6 +419,16 @@ def observe_call(
     return observe_output(seen, advantages=advantages, taps=taps, reward_range=reward_range, problems=problems)
 
 
+def _wanted_extremes(seen: InputObservation, advantages: torch.Tensor) -> RowExtremes | None:
+    """Row extremes for the drill-down, taken by the CPU sketch's own pass over dense advantages."""
+    wanted = seen.segments is not None or seen.pending_slices is not None or seen.slice_slots is not None
+    dense = advantages.dim() == 2 and advantages.shape[1] > 1 and advantages.stride(1) != 0
+    if not wanted or not dense or sync_free(advantages) or advantages.dtype not in (torch.float32, torch.float64):
+        return None
+    slices = seen.pending_slices is not None or seen.slice_slots is not None
+    return RowExtremes(advantages.shape[0], advantages.dtype, sums=slices)
+
+
 def _expand_row_counts(seen: InputObservation, advantages: torch.Tensor) -> torch.Tensor | None:
     """The mask's row counts when the advantages are an expand view: one mask pass for the statistics and exemplars."""
     mask = seen.mask
@@ -451,14 +471,34 @@ def _row_summaries(seen: InputObservation, advantages: torch.Tensor | None, sums
     per_sequence = advantages.dim() == 1 or advantages.shape[1] == 1
     if not (per_sequence or mask is None or tuple(mask.shape) == tuple(advantages.shape)):
         return None  # a mask of another shape was reported with the post-norm statistics
-    rows = row_summaries(advantages, None if per_sequence or mask is None else to_device(mask, advantages.device),
-                         _expand_row_counts(seen, advantages), sums=sums)
+    extremes = seen.extremes
+    if extremes is not None and extremes.complete:
+        rows = _from_extremes(extremes, advantages, mask)
+    else:
+        rows = row_summaries(advantages, None if per_sequence or mask is None else to_device(mask, advantages.device),
+                             _expand_row_counts(seen, advantages), sums=sums)
     device = seen.rewards.device if seen.rewards is not None else seen.slice_slots.device
     return RowSummary(*(None if t is None else to_device(t, device) for t in rows))
 
 
 #: Where :func:`advmon.exemplars.worst_groups` puts each group's first sample.
 FIRST_SAMPLE = 1
+
+
+def _from_extremes(extremes: RowExtremes, advantages: torch.Tensor, mask: torch.Tensor | None) -> RowSummary:
+    """Per-row summaries from the sketch's row extremes; rows holding a NaN or Inf are done again exactly."""
+    peak = torch.maximum(extremes.high, -extremes.low).to(torch.float64)
+    counts = extremes.lengths.to(torch.float64)
+    has_valid = counts > 0
+    total = extremes.total.clone() if extremes.total is not None else torch.zeros_like(peak)
+    summary = RowSummary(peak.masked_fill(~has_valid, -math.inf), torch.zeros_like(peak), total, counts.clone())
+    suspect = torch.nonzero(has_valid & ~torch.isfinite(peak)).reshape(-1)  # on the CPU: no sync to fear
+    if suspect.numel():
+        flat = advantages.reshape(advantages.shape[0], -1)
+        exact = row_summaries(flat[suspect], None if mask is None else mask.reshape(flat.shape)[suspect], sums=True)
+        for mine, theirs in zip(summary, exact):
+            mine[suspect] = theirs
+    return summary
 
 
 def _group_keys(seen: InputObservation, first: torch.Tensor) -> tuple[GroupKeys, torch.Tensor]:

@@ -40,7 +40,7 @@ import torch
 
 from advmon.sketch_format import _HIST_LEN, Part, host_level, recentered_sums
 
-__all__ = ["indicator_chunks", "prefix_lengths", "prefix_part"]
+__all__ = ["RowExtremes", "indicator_chunks", "prefix_lengths", "prefix_part"]
 
 #: At most this many sorted rows are gathered per ``index_select`` (fewer for long rows).
 GROUP_ROWS = 64
@@ -96,11 +96,55 @@ def prefix_lengths(valid: torch.Tensor) -> torch.Tensor | None:
     return counts.to(torch.int64)
 
 
-def prefix_part(values: torch.Tensor, lengths: torch.Tensor) -> Part | None:
+class RowExtremes:
+    """Each row's largest and smallest valid value and their sum, taken in the sketch's own pass.
+
+    The drill-down needs per-row peaks (:mod:`advmon.row_summaries`); a second pass
+    over a large tensor would cost the CPU as much again, while the sketch copies
+    every valid value into cache anyway, a row rectangle at a time. ``complete`` is
+    set once every row was covered; a NaN or Inf shows as a non-finite extreme
+    (the caller does that row again exactly).
+    """
+
+    def __init__(self, rows: int, dtype: torch.dtype, sums: bool = True) -> None:
+        self.high = torch.full((rows,), -math.inf, dtype=dtype)
+        self.low = torch.full((rows,), math.inf, dtype=dtype)
+        #: Rows' sums, in float64 (only with ``sums``: slices need them, exemplars do not).
+        self.total = torch.zeros(rows, dtype=torch.float64) if sums else None
+        self.lengths: torch.Tensor | None = None
+        self.complete = False
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def add_rectangle(self, rows: torch.Tensor, block: torch.Tensor) -> None:
+        """A rectangle of whole rows' leading values (each row is in one rectangle: written once, at the end)."""
+        total = block.sum(dim=1, dtype=torch.float64) if self.total is not None else block[:, :0].sum(dim=1)
+        self._pending.append((rows, block.amax(dim=1), block.amin(dim=1), total))
+
+    def _flush(self) -> None:
+        if self._pending:
+            rows, high, low, total = (torch.cat(column) for column in zip(*self._pending))
+            self.high[rows], self.low[rows] = high, low
+            if self.total is not None:
+                self.total[rows] = total
+            self._pending = []
+
+    def add_segments(self, rows: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Rows' ragged tails: ``values`` holds each row's ``lengths[i]`` values in turn."""
+        self._flush()
+        high = torch.segment_reduce(values, "max", lengths=lengths)
+        low = torch.segment_reduce(values, "min", lengths=lengths)
+        self.high[rows] = torch.maximum(self.high[rows], high)
+        self.low[rows] = torch.minimum(self.low[rows], low)
+        if self.total is not None:
+            self.total[rows] += torch.segment_reduce(values.to(torch.float64), "sum", lengths=lengths)
+
+
+def prefix_part(values: torch.Tensor, lengths: torch.Tensor, extremes: RowExtremes | None = None) -> Part | None:
     """Sketch of ``values[r, :lengths[r]]`` over all rows; ``None`` where the general sketch must do it.
 
     ``values`` is a 2-D CPU tensor (float32 or float64, rows contiguous).
     ``None`` comes back when nothing is valid, or every sampled value is NaN or Inf.
+    With ``extremes``, each row's extremes and sum are taken on the way.
 
     Example:
         >>> from advmon.stats import summarize
@@ -115,7 +159,7 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor) -> Part | None:
     total = int(lengths.sum())
     if total == 0:
         return None
-    layout = _Layout(values, lengths)
+    layout = _Layout(values, lengths, extremes)
     guess = _guess_range(layout)
     if guess is None:
         return None
@@ -125,6 +169,11 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor) -> Part | None:
     sums = _BlockSums(values.dtype, window)
     for block in layout.blocks():
         sums.add(block)
+    if extremes is not None:
+        layout.ragged_extremes()
+        extremes.lengths = lengths
+        extremes.complete = True
+    layout.extremes = None  # a second histogram pass reads the same values again: not twice
     low, high = sums.extrema()
     level, offset = _canonical_level(low, high)
     if not -1000 < level < 1000:
@@ -148,9 +197,10 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor) -> Part | None:
 class _Layout:
     """Where the valid entries are: sorted row groups, their rectangles and the ragged rest."""
 
-    def __init__(self, values: torch.Tensor, lengths: torch.Tensor) -> None:
+    def __init__(self, values: torch.Tensor, lengths: torch.Tensor, extremes: RowExtremes | None = None) -> None:
         self.values = values
         self.lengths = lengths
+        self.extremes = extremes
         # The ragged rest is at most group * T entries: a block, and a small share of a small batch.
         rows, cols = values.shape
         group = self.group_rows = max(1, min(GROUP_ROWS, BLOCK_ELEMENTS // max(cols, 1), rows // 32))
@@ -165,9 +215,11 @@ class _Layout:
         first = torch.repeat_interleave(group_width, group)[: len(order)]
         extra = sorted_lengths - first
         self.ragged = None
+        self.ragged_rows = self.ragged_lengths = None
         if bool((extra > 0).any()):
             keep = extra > 0
             rows, first, extra = order[keep], first[keep], extra[keep]
+            self.ragged_rows, self.ragged_lengths = rows, extra
             before = torch.cumsum(extra, 0) - extra  # ragged entries of the rows before each row
             # Entry k of the ragged rest sits at its row's first ragged offset plus k - before.
             shift = self.offsets(rows, first) - before
@@ -194,7 +246,10 @@ class _Layout:
             if filled and filled + size > buffer.numel():
                 yield buffer[:filled]
                 filled = 0
-            torch.index_select(values[:, :width], 0, rows, out=buffer[filled : filled + size].view(rows.numel(), width))
+            rectangle = buffer[filled : filled + size].view(rows.numel(), width)
+            torch.index_select(values[:, :width], 0, rows, out=rectangle)
+            if self.extremes is not None:
+                self.extremes.add_rectangle(rows, rectangle)  # in cache, just copied
             filled += size
         if filled:
             yield buffer[:filled]
@@ -202,6 +257,16 @@ class _Layout:
             flat = self.flat()
             for start in range(0, self.ragged.numel(), BLOCK_ELEMENTS):
                 yield flat.index_select(0, self.ragged[start : start + BLOCK_ELEMENTS])
+
+    def ragged_extremes(self) -> None:
+        """Add the rows' ragged tails to ``extremes`` (the rectangles are added as :meth:`blocks` copies them)."""
+        if self.extremes is None:
+            return
+        self.extremes._flush()
+        if self.ragged is None:
+            return
+        tails = self.flat().index_select(0, self.ragged)  # at most a block of values
+        self.extremes.add_segments(self.ragged_rows, tails, self.ragged_lengths)
 
 
 def _guess_range(layout: _Layout) -> tuple[float, float] | None:

@@ -49,7 +49,7 @@ import torch
 
 from advmon.device_sketch import device_part
 from advmon.devices import attempt_triton, path_for, statistics_path, sync_free
-from advmon.prefix_sketch import indicator_chunks, prefix_lengths, prefix_part
+from advmon.prefix_sketch import RowExtremes, indicator_chunks, prefix_lengths, prefix_part
 from advmon.sketch_format import (
     _ABSSUM,
     _ADDITIVE,
@@ -179,12 +179,14 @@ def value_part(values: torch.Tensor, weights: torch.Tensor | None = None) -> Par
     return dense_part(flat.repeat_interleave(counts.to(torch.long)).unsqueeze(0), None)
 
 
-def dense_part(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
+def dense_part(values: torch.Tensor, valid: torch.Tensor | None, extremes: RowExtremes | None = None) -> Part:
     """Part for a 2-D tensor where ``valid`` (bool or numeric, ``> 0`` = valid) selects entries.
 
     At most :data:`EXACT_LIMIT` entries are kept exactly; more are sketched in
     row chunks that stay in cache: moments in float64 plus a histogram whose bin
     width is the power of two ``2**level`` with ``level`` fixed by the range.
+    ``extremes`` (CPU, prefix masks) also collects each row's extremes on the way
+    (:class:`~advmon.prefix_sketch.RowExtremes`; ``complete`` says whether it did).
 
     Example:
         >>> x = torch.tensor([[1.0, 2.0, 9.0], [3.0, float("inf"), 0.0]])
@@ -201,7 +203,7 @@ def dense_part(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
     if values.numel() <= EXACT_LIMIT:
         weights = None if valid is None else _as_valid_bool(valid).to(torch.float64)
         return value_part(values, weights)
-    return _sketch(values, valid)
+    return _sketch(values, valid, extremes)
 
 
 def row_valid_counts(mask: torch.Tensor) -> torch.Tensor:
@@ -292,7 +294,7 @@ def _as_valid_bool(valid: torch.Tensor) -> torch.Tensor:
     return valid if valid.dtype == torch.bool else valid > 0
 
 
-def _sketch(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
+def _sketch(values: torch.Tensor, valid: torch.Tensor | None, extremes: RowExtremes | None = None) -> Part:
     """Moments and histogram of a large 2-D tensor, on the path its device takes (:mod:`advmon.devices`).
 
     On the CPU: the prefix-mask fast path where the mask is one; else, for a
@@ -303,9 +305,11 @@ def _sketch(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
     path = path_for(values.device)
     if path != "cpu":
         return _device_sketch(values, valid, None, path)
-    part = _sketch_prefix(values, valid)
+    part = _sketch_prefix(values, valid, extremes)
     if part is not None:
         return part
+    if extremes is not None:
+        extremes.complete = False  # the general sketch's passes take none
     part = _sketch_one_pass(values, valid)
     if part is not None:
         return part
@@ -327,13 +331,13 @@ def _triton_sketch(values: torch.Tensor, valid: torch.Tensor | None) -> Part | N
     return triton_part(values, valid)
 
 
-def _sketch_prefix(values: torch.Tensor, valid: torch.Tensor | None) -> Part | None:
+def _sketch_prefix(values: torch.Tensor, valid: torch.Tensor | None, extremes: RowExtremes | None = None) -> Part | None:
     """The fast path for prefix masks (see :mod:`advmon.prefix_sketch`); ``None`` where it does not apply."""
     if valid is None:
         lengths = torch.full((values.shape[0],), values.shape[1], dtype=torch.int64)
     else:
         lengths = prefix_lengths(valid)
-    return None if lengths is None else prefix_part(values, lengths)
+    return None if lengths is None else prefix_part(values, lengths, extremes)
 
 
 def _row_chunks(values: torch.Tensor, valid: torch.Tensor | None, buffers: int):

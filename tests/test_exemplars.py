@@ -207,3 +207,41 @@ def test_a_reward_function_that_returned_none_names_its_groups(path, sink):
         ("uid-2", "nonfinite_reward_functions", "beta"), ("uid-5", "nonfinite_reward_functions", "alpha")]
     assert record.metrics["slices/beta/rewards/function_nonfinite_count"] == 3.0
     assert record.metrics["rewards/graded/nan_count"] == 4.0 and record.metrics["rewards/nan_count"] == 0.0
+
+
+@pytest.mark.parametrize("layout", ["dense-prefix", "dense-random-mask", "no-mask"])
+def test_exemplars_from_the_sketchs_own_pass_match_numpy(layout, sink, monkeypatch):
+    """Large dense tensors on the CPU: the prefix sketch takes the rows' extremes as it copies them."""
+    from advmon import stats
+
+    monkeypatch.setattr(stats, "EXACT_LIMIT", 0)  # every tensor sketched, as a large one is
+    rewards, mask = batch(21, groups=12, size=4, width=40)
+    rng = np.random.default_rng(22)
+    if layout == "dense-random-mask":
+        mask = torch.from_numpy((rng.random(mask.shape) < 0.5).astype(np.float32))
+    advantages = (grpo(rewards, mask, 4).nan_to_num(0.0) + torch.from_numpy(rng.normal(0, 0.3, mask.shape))).float()
+    advantages[9, 0] = math.nan  # valid in every layout
+    advantages[14, 39] = math.inf  # padding in the prefix layout for most rows
+    advantages[30, 2] = 60.0
+    if layout == "no-mask":
+        mask = None
+    keys = [f"uid-{i // 4}" for i in range(48)]
+    import advmon.observation
+
+    taken = []
+    original = advmon.observation._from_extremes
+    monkeypatch.setattr(advmon.observation, "_from_extremes", lambda *a: taken.append(1) or original(*a))
+    with advmon.Monitor("sketched", sinks=[sink], exemplars=12) as monitor:
+        monitor.observe(rewards=rewards, advantages=advantages, mask=mask, groups=keys,
+                        slices=["a" if i < 24 else "b" for i in range(48)])
+    record = sink.records[-1]
+    assert taken == ([] if layout == "dense-random-mask" else [1])  # a random mask takes the general sketch
+    reference_mask = None if mask is None else mask.numpy()
+    expected = worst_groups(rewards.numpy(), keys, advantages.numpy(), reference_mask)
+    assert_same_worst(record.exemplars, expected, 12, lambda e: e["key"])
+    from .reference import slice_stats
+
+    for label, values in slice_stats(["a" if i < 24 else "b" for i in range(48)], rewards.numpy(), keys,
+                                     advantages.numpy(), reference_mask).items():
+        for key, want in values.items():
+            assert record.metrics[f"slices/{label}/{key}"] == pytest.approx(want, rel=1e-9, abs=1e-12, nan_ok=True), key

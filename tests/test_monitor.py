@@ -382,7 +382,7 @@ def test_one_watched_call_crosses_to_the_host_once(path, monitor, sink, monkeypa
     if path == "cpu-sketch":
         # The prefix-mask fast path runs on CPU tensors only and reads a few of their
         # values to choose its blocks (no transfer: they are on the host already).
-        monkeypatch.setattr(stats, "_sketch_prefix", lambda values, valid: None)
+        monkeypatch.setattr(stats, "_sketch_prefix", lambda values, valid, extremes=None: None)
     if path == "device-sketch":  # what any device runs (test_device_paths.py checks it never syncs)
         monkeypatch.setenv("ADVMON_STATISTICS_PATH", "torch")
     estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
