@@ -42,6 +42,7 @@ __all__ = [
     "PromContext",
     "Window",
     "abs_max_of",
+    "dashboard_link",
     "format_number",
     "Rule",
     "Severity",
@@ -955,6 +956,23 @@ def _by_slice(metrics: Mapping[str, Any], keys: Sequence[str]) -> str:
             totals[label] = totals.get(label, 0.0) + value
     hit = sorted(((v, k) for k, v in totals.items() if v > 0), key=lambda item: (-item[0], item[1]))
     return "by slice: " + ", ".join(f"{label} {format_number(value)}" for value, label in hit) if hit else ""
+
+
+#: The time a dashboard link shows around an alert's start (Grafana's ``time`` and ``time.window``).
+LINK_WINDOW_SECONDS = 3600
+
+
+def dashboard_link(base: str, run: str, started: str) -> str:
+    """The on-call board on ``run``, centred on ``started`` (Unix milliseconds, or a template giving them).
+
+    Grafana reads ``time`` and ``time.window`` as the range ``time ± window / 2``, so the
+    link opens on the moment the alert started rather than on "the last 6 hours".
+
+    Example:
+        >>> dashboard_link("https://grafana.example/d/advmon-health", "tp2", "1764870000000")
+        'https://grafana.example/d/advmon-health?var-run=tp2&time=1764870000000&time.window=3600000'
+    """
+    return f"{base}?var-run={run}&time={started}&time.window={LINK_WINDOW_SECONDS * 1000}"
 
 
 def rule_named(name: str) -> Rule:

@@ -7,6 +7,7 @@ And the in-process path (no Prometheus) against the same stand-in.
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import numpy as np
@@ -61,6 +62,7 @@ def test_unstable_run_reaches_slack_and_resolves_stable_run_stays_quiet(tmp_path
     )
     rng = np.random.default_rng(0)
     started = time.monotonic()
+    wall_started = time.time()
     try:
         step = 0
 
@@ -108,7 +110,11 @@ def test_unstable_run_reaches_slack_and_resolves_stable_run_stays_quiet(tmp_path
     assert first["username"] == "advmon"
     attachment = first["attachments"][0]
     assert "unstable-run" in attachment["title"]
-    assert attachment["title_link"] == f"{DASHBOARD}?var-run=unstable-run"
+    # The link opens the board on the alert's start (Alertmanager's .StartsAt), an hour around it.
+    link = re.fullmatch(re.escape(f"{DASHBOARD}?var-run=unstable-run&time=") + r"(\d+)&time\.window=3600000",
+                        attachment["title_link"])
+    assert link and wall_started * 1000 <= int(link.group(1)) <= time.time() * 1000, attachment["title_link"]
+    assert attachment["title_link"] in attachment["text"]  # the same link under the alert's text
     assert "NaN or Inf rewards: the reward function is failing" in attachment["text"]
     assert f"{RUNBOOKS}#advmonnonfiniterewards" in attachment["text"]
     # The description names the run, the value (3 NaN per step) and a step of the failing stretch.

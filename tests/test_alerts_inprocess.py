@@ -218,3 +218,19 @@ def test_slack_spec_refuses_a_url_and_a_missing_source(monkeypatch):
     monkeypatch.delenv("NO_SUCH_WEBHOOK_VAR", raising=False)
     with pytest.raises(AdvmonConfigError, match="neither a file nor a set environment variable"):
         advmon_monitor("x", alerts=["slack:NO_SUCH_WEBHOOK_VAR"])
+
+
+def test_in_process_dashboard_links_open_on_the_firing_record():
+    """Issue 19: the link centres the board on the moment the alert fired, not on the last hours."""
+    from advmon.alerts.notifiers import SlackNotifier
+
+    notifier = Collect()
+    sink = AlertSink([notifier], dashboard_url="https://grafana.example.test/d/advmon-health")
+    for step, nan in enumerate([0, 0, 3]):
+        sink.write(Record("run-a", step, 1_764_870_000.0 + 60 * step, "e", None, {"rewards/nan_count": float(nan)}))
+    (message,) = [m for m in notifier.messages if m.status == "firing"]
+    fired_ms = int((1_764_870_000.0 + 120) * 1000)
+    expected = f"https://grafana.example.test/d/advmon-health?var-run=run-a&time={fired_ms}&time.window=3600000"
+    assert message.dashboard_link == expected and f"Dashboard: {expected}" in message.text
+    payload = SlackNotifier.__new__(SlackNotifier).payload(message)
+    assert payload["attachments"][0]["title_link"] == expected

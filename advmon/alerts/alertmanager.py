@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from advmon.rules import SEVERITIES, format_duration
+from advmon.rules import SEVERITIES, dashboard_link, format_duration
 
 __all__ = ["AlertmanagerSettings", "alertmanager_config", "receiver_for"]
 
@@ -33,7 +33,8 @@ class AlertmanagerSettings:
     """Args:
     webhook_file: path of the file holding the Slack incoming-webhook URL.
     channel: Slack channel override (``#rl-oncall``); empty keeps the webhook's own.
-    dashboard_url: the on-call dashboard; messages link it with the run selected.
+    dashboard_url: the on-call dashboard; messages link it with the run selected and the
+        time range centred on the alert's start (``rules.dashboard_link``).
     group_wait, group_interval, repeat_interval: Alertmanager's timing, in seconds.
     """
 
@@ -58,7 +59,8 @@ def _text(dashboard_url: str) -> str:
         "Run: `{{ .Labels.run }}` | severity: {{ .Labels.severity }} | runbook: {{ .Annotations.runbook_url }}",
     ]
     if dashboard_url:
-        lines.append(f"Dashboard: {dashboard_url}?var-run={{{{ .Labels.run }}}}")
+        # The alert's own start, in Unix milliseconds: the board opens on that moment.
+        lines.append("Dashboard: " + dashboard_link(dashboard_url, "{{ .Labels.run }}", "{{ .StartsAt.Unix }}000"))
     lines.append("{{ end }}")
     return "\n".join(lines)
 
@@ -77,7 +79,8 @@ def _slack(severity: str, settings: AlertmanagerSettings) -> dict[str, Any]:
         "fallback": "[{{ .Status | toUpper }}] {{ .CommonLabels.alertname }} on run {{ .CommonLabels.run }}",
     }
     if settings.dashboard_url:
-        slack["title_link"] = settings.dashboard_url + "?var-run={{ .CommonLabels.run }}"
+        slack["title_link"] = dashboard_link(settings.dashboard_url, "{{ .CommonLabels.run }}",
+                                             "{{ (index .Alerts 0).StartsAt.Unix }}000")
     if settings.channel:
         slack["channel"] = settings.channel
     return slack

@@ -44,6 +44,7 @@ class AlertEvent:
     summary: str
     description: str  # as worded at firing
     where: str = ""  # the groups and slices the firing step points at (advmon.rules.where)
+    time: float = 0.0  # Unix time of the record it fired on
 
     @property
     def key(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
@@ -156,7 +157,7 @@ class AlertEvaluator:
         return [
             AlertEvent(
                 "resolved", fired.alert, fired.severity, fired.run, record.step, fired.value,
-                fired.labels, fired.summary, fired.description, fired.where,
+                fired.labels, fired.summary, fired.description, fired.where, fired.time,
             )
         ]
 
@@ -164,7 +165,7 @@ class AlertEvaluator:
                labels: tuple[tuple[str, str], ...]) -> AlertEvent:
         description = rule.render_description(record.run, value, record.step, dict(labels), self.thresholds)
         return AlertEvent(kind, rule.name, rule.severity, record.run, record.step, value, labels, rule.summary, description,
-                          where(rule.name, record, dict(labels)))
+                          where(rule.name, record, dict(labels)), float(getattr(record, "time", 0.0) or 0.0))
 
 
 def _value(record: RecordLike, key: str) -> float:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from advmon.errors import AdvmonConfigError
+from advmon.rules import dashboard_link
 
 __all__ = ["AlertMessage", "Notifier", "SlackNotifier", "WandbAlertNotifier"]
 
@@ -46,6 +47,14 @@ class AlertMessage:
     runbook_url: str
     dashboard_url: str = ""
     where: str = ""  #: the groups and slices the firing step points at
+    time: float = 0.0  #: Unix time of the record the alert fired on (the dashboard link centres on it)
+
+    @property
+    def dashboard_link(self) -> str:
+        """The board on this run around the firing record's time (``""`` without a dashboard URL)."""
+        if not self.dashboard_url:
+            return ""
+        return dashboard_link(self.dashboard_url, self.run, str(int(self.time * 1000)))
 
     @property
     def title(self) -> str:
@@ -60,7 +69,7 @@ class AlertMessage:
             f"Run: `{self.run}` | severity: {self.severity} | runbook: {self.runbook_url}",
         ]
         if self.dashboard_url:
-            lines.append(f"Dashboard: {self.dashboard_url}?var-run={self.run}")
+            lines.append(f"Dashboard: {self.dashboard_link}")
         return "\n".join(lines)
 
 
@@ -122,7 +131,7 @@ class SlackNotifier:
             "fallback": message.title,
         }
         if message.dashboard_url:
-            attachment["title_link"] = f"{message.dashboard_url}?var-run={message.run}"
+            attachment["title_link"] = message.dashboard_link
         return {"username": "advmon", "attachments": [attachment]}
 
     def send(self, message: AlertMessage) -> None:

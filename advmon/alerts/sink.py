@@ -124,6 +124,7 @@ class AlertSink(Sink):
             runbook_url=f"{self.runbook_base}#{rule.runbook_anchor}",
             dashboard_url=self.dashboard_url,
             where=event.where,
+            time=event.time,
         )
 
     def _deliver(self) -> None:
