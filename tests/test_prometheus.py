@@ -261,7 +261,13 @@ def test_two_monitors_of_one_process_share_one_address(tmp_path, monkeypatch):
     try:
         train.observe(rewards=torch.tensor([1.0, 0.0]))
         evaluation.observe(rewards=torch.tensor([0.25, 0.75]))
-        exposed = parse_exposition(http_get(f"http://127.0.0.1:{port}/metrics").decode())
+        text = http_get(f"http://127.0.0.1:{port}/metrics").decode()
+        # One family per name, both runs' series in it: Prometheus refuses a second TYPE line.
+        assert text.count("# TYPE advmon_updates_total counter") == 1
+        checked = subprocess.run([require_binary("promtool"), "check", "metrics"], input=text, capture_output=True,
+                                 text=True, timeout=60)
+        assert "error" not in (checked.stdout + checked.stderr).lower(), checked.stdout + checked.stderr
+        exposed = parse_exposition(text)
         assert exposed['advmon_reward_mean{run="train-run"}'] == 0.5
         assert exposed['advmon_reward_mean{run="train-run-eval"}'] == 0.5
         assert exposed['advmon_updates_total{run="train-run"}'] == 1.0

@@ -274,12 +274,32 @@ class _CollectorSink(Sink):
 
 
 class _Exporter:
-    """One HTTP endpoint of a process and the registry it serves, shared by the monitors that ask for its address."""
+    """One HTTP endpoint of a process, shared by the monitors that ask for its address.
+
+    Its registry holds one collector that merges the monitors' families by name: two
+    collectors each yielding ``advmon_updates_total`` would expose the family twice,
+    which Prometheus refuses ("second TYPE line").
+    """
 
     def __init__(self, server: Any, registry: Any) -> None:
         self.server = server
         self.registry = registry
-        self.users = 0
+        self.members: list[AdvmonCollector] = []
+        registry.register(self)
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())
+
+    def collect(self) -> Iterator[Any]:
+        merged: dict[str, Any] = {}
+        for member in list(self.members):
+            for family in member.collect():
+                known = merged.get(family.name)
+                if known is None:
+                    merged[family.name] = family
+                else:
+                    known.samples.extend(family.samples)
+        return iter(merged.values())
 
 
 #: The process's endpoints by (host, port): a train and an eval monitor on one address share one.
@@ -334,9 +354,9 @@ class PrometheusSink(_CollectorSink):
                     return
                 exporter = _Exporter(server, shared)
                 _EXPORTERS[(host, server.server_port)] = exporter
-            exporter.users += 1
             self._exporter = exporter
-            super().__init__(run, exporter.registry)
+            super().__init__(run, client.CollectorRegistry(auto_describe=False))  # its own, and a member of the shared
+            exporter.members.append(self.collector)
         self.port = exporter.server.server_port
         if port == 0:  # a free port: say which, for the scrape configuration (several workers, one node)
             logging.getLogger("advmon").info(
@@ -352,9 +372,8 @@ class PrometheusSink(_CollectorSink):
         if exporter is None:
             return
         with _EXPORTERS_LOCK:
-            self.registry.unregister(self.collector)
-            exporter.users -= 1
-            if exporter.users > 0:
+            exporter.members.remove(self.collector)
+            if exporter.members:
                 return  # another monitor of this process still serves there
             _EXPORTERS.pop((self.host, exporter.server.server_port), None)
         exporter.server.shutdown()
