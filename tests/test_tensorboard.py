@@ -1,0 +1,86 @@
+"""The TensorBoard sink, read back with TensorBoard's own EventAccumulator; replay included."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import advmon
+from advmon.cli import main as cli
+
+from .estimators import GRPOLikeEstimator
+from .services import require_module
+from .test_monitor import grpo_batch
+
+require_module("tensorboard")
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+from advmon.sinks.tensorboard import TensorBoardSink  # noqa: E402
+
+
+def scalars(directory) -> dict[str, dict[int, float]]:
+    """``{tag: {step: value}}`` of the event files under ``directory``, as TensorBoard reads them."""
+    accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {tag: {event.step: event.value for event in accumulator.Scalars(tag)}
+            for tag in accumulator.Tags()["scalars"]}
+
+
+def assert_same_scalars(records, read: dict[str, dict[int, float]]) -> None:
+    for record in records:
+        for key, value in record.metrics.items():
+            if math.isfinite(value):
+                assert read[key][record.step] == pytest.approx(float(np.float32(value)), rel=1e-7, abs=1e-30), key
+            else:
+                assert record.step not in read.get(key, {}), key  # unavailable values are not logged
+
+
+def run_steps(monitor, steps, nan_at=()):
+    estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
+    for step in steps:
+        prompts, rewards, mask = grpo_batch(seed=step, nan_rewards=2 if step in nan_at else 0)
+        with monitor.step(step):
+            estimator.compute_advantage(prompts, rewards, mask)
+
+
+def test_every_value_reaches_tensorboard_at_its_step(tmp_path):
+    monitor = advmon.Monitor("tb-run", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), f"tensorboard:{tmp_path / 'tb'}"])
+    run_steps(monitor, range(2, 6), nan_at={4})
+    monitor.close()
+    records = advmon.read_jsonl(tmp_path / "r.jsonl")
+    read = scalars(tmp_path / "tb" / "tb-run")
+    assert sorted(read["rewards/mean"]) == [2, 3, 4, 5]
+    assert_same_scalars(records, read)
+    assert records[-1].metrics["advmon/sink_errors/tensorboard"] == 0.0  # delivered off-thread, counted
+
+
+def test_replay_backfills_tensorboard(tmp_path):
+    jsonl = tmp_path / "r.jsonl"
+    monitor = advmon.Monitor("tb-replay", sinks=[advmon.JsonlSink(jsonl)])
+    run_steps(monitor, range(4))
+    monitor.close()
+    assert cli(["replay", str(jsonl), "--to", f"tensorboard:{tmp_path / 'tb'}", "--since-step", "1"]) == 0
+    read = scalars(tmp_path / "tb" / "tb-replay")
+    records = [r for r in advmon.read_jsonl(jsonl) if r.step >= 1]
+    assert sorted(read["advantages/post_norm/std"]) == [1, 2, 3]
+    assert_same_scalars(records, read)
+
+
+def test_a_failing_writer_is_counted_and_training_goes_on(tmp_path, monkeypatch):
+    import warnings
+
+    def broken(self, records):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(TensorBoardSink, "write_batch", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = advmon.Monitor("tb-broken", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"),
+                                                     TensorBoardSink(tmp_path / "tb")], retries=0)
+        run_steps(monitor, range(3))
+        monitor.close()
+    records = advmon.read_jsonl(tmp_path / "r.jsonl")
+    assert [r.step for r in records] == [0, 1, 2]
+    assert any("sink tensorboard failed" in str(w.message) and "disk full" in str(w.message) for w in caught)
