@@ -84,3 +84,29 @@ def test_a_failing_writer_is_counted_and_training_goes_on(tmp_path, monkeypatch)
     records = advmon.read_jsonl(tmp_path / "r.jsonl")
     assert [r.step for r in records] == [0, 1, 2]
     assert any("sink tensorboard failed" in str(w.message) and "disk full" in str(w.message) for w in caught)
+
+
+def test_report_and_compare_read_tensorboard_runs_and_all_sinks_agree(tmp_path):
+    """Issue 19 item 3: tb+DIR is a run source; one run written by all sinks reads back to the same scalars."""
+    from advmon.runs import read_run
+
+    from .test_report_compare import same_records
+
+    monitor = advmon.Monitor("tb-read", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), TensorBoardSink(tmp_path / "tb")])
+    run_steps(monitor, range(25), nan_at={7})
+    monitor.close()
+    from_jsonl = read_run(tmp_path / "r.jsonl")
+    from_tb = read_run(f"tb+{tmp_path / 'tb' / 'tb-read'}")
+    assert from_tb.name == "tb-read" and from_tb.steps == from_jsonl.steps == list(range(25))
+    as_float32 = [advmon.Record(r.run, r.step, r.time, r.estimator, None,
+                                {k: float(np.float32(v)) if math.isfinite(v) else math.nan for k, v in r.metrics.items()})
+                  for r in from_jsonl.records]
+    from advmon.runs import Run
+
+    same_records(Run("tb-read", "jsonl as float32", as_float32), from_tb)
+    assert cli(["report", f"tb+{tmp_path / 'tb' / 'tb-read'}", "--out", str(tmp_path / "r.html")]) == 0
+    assert "AdvmonNonFiniteRewards" in (tmp_path / "r.html").read_text()
+    # A run against itself read from TensorBoard (comparing it with its float64 JSONL would flag a constant
+    # statistic that differs only by float32 rounding: compare runs read from the same kind of source).
+    assert cli(["compare", f"tb+{tmp_path / 'tb' / 'tb-read'}", f"tb+{tmp_path / 'tb' / 'tb-read'}"]) == 0
+    assert cli(["report", f"tb+{tmp_path / 'missing'}"]) == 2

@@ -1,13 +1,14 @@
 """Recorded runs, read back from wherever advmon's sinks wrote them.
 
-One interface, :func:`read_run`, over three sources:
+One interface, :func:`read_run`, over four sources:
 
 * an advmon JSONL file: ``advmon-runs/tp2.jsonl`` (``FILE#RUN`` picks one run of a
   file holding several);
 * an MLflow run: ``mlflow+TRACKING_URI#RUN`` where ``RUN`` is an MLflow run id or
   the ``advmon.run`` tag advmon sets (``mlflow+sqlite:///mlflow.db#grpo-tp2``,
   ``mlflow+http://127.0.0.1:5000#4f2a...``);
-* a W&B offline run: its directory (``wandb/offline-run-...``) or its ``.wandb`` file.
+* a W&B offline run: its directory (``wandb/offline-run-...``) or its ``.wandb`` file;
+* a TensorBoard run: ``tb+DIR``, the run's event-file directory (``tb+runs/grpo-tp2``).
 
 Each gives the records advmon emitted, in step order: the same steps and metrics
 whichever sink wrote them (values W&B and MLflow cannot store, NaN and Inf, come
@@ -61,8 +62,12 @@ class Run:
 
 
 def read_run(source: str | Path) -> Run:
-    """Read one run from a JSONL file, an MLflow run or a W&B offline run (see the module doc)."""
+    """Read one run from a JSONL file, an MLflow run, a W&B offline run or TensorBoard files (see the module doc)."""
     text = str(source)
+    if text.startswith("tb+"):
+        from advmon.runs.tensorboard import read_tensorboard_run
+
+        return _checked(read_tensorboard_run(Path(text.removeprefix("tb+"))), text)
     if text.startswith("mlflow+"):
         from advmon.runs.mlflow import read_mlflow_run
 
