@@ -16,6 +16,7 @@ import advmon
 from advmon.devices import statistics_path
 from advmon.groups import row_keys
 
+from .conftest import ListSink
 from .dispatch import Dispatched
 from .reference import exemplar_badness, worst_groups
 from .sketches import prefix_mask
@@ -168,16 +169,7 @@ def test_exemplars_of_any_batch_match_numpy(data):
     advantages = torch.tensor(advantage_values, dtype=torch.float64).view(count, 3)
     mask = torch.tensor(valid).view(count, 3)
 
-    class Kept(advmon.Sink):
-        name, synchronous = "kept", True
-
-        def __init__(self):
-            self.records = []
-
-        def write(self, record):
-            self.records.append(record)
-
-    sink = Kept()
+    sink = ListSink()  # not the fixture: hypothesis runs many examples in one test
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an all-invalid mask warns; the exemplars still come
         with advmon.Monitor("any", sinks=[sink], exemplars=k) as monitor, statistics_path(path):

@@ -13,9 +13,8 @@ import advmon
 from advmon.cli import main as cli
 from advmon.sinks.mlflow import RUN_TAG, MlflowSink, mlflow_key
 
-from .estimators import GRPOLikeEstimator
 from .services import start_mlflow_server
-from .test_monitor import grpo_batch
+from .test_monitor import grpo_batch, run_grpo_steps
 
 pytestmark = pytest.mark.integration
 mlflow = pytest.importorskip("mlflow")
@@ -39,14 +38,6 @@ def assert_logged(records, logged: dict[str, dict[int, float]]) -> None:
                 assert record.step not in logged.get(mlflow_key(key), {}), key
 
 
-def run_steps(monitor, steps, nan_at=()):
-    estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
-    for step in steps:
-        prompts, rewards, mask = grpo_batch(seed=step, nan_rewards=2 if step in nan_at else 0)
-        with monitor.step(step):
-            estimator.compute_advantage(prompts, rewards, mask)
-
-
 def test_sqlite_store_gets_every_value_in_one_batch_per_record(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     calls = []
@@ -58,7 +49,7 @@ def test_sqlite_store_gets_every_value_in_one_batch_per_record(tmp_path, monkeyp
 
     monkeypatch.setattr(mlflow.tracking.MlflowClient, "log_batch", counting_log_batch)
     with advmon.Monitor("ml-sqlite", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), MlflowSink(uri)]) as monitor:
-        run_steps(monitor, range(3), nan_at={2})
+        run_grpo_steps(monitor, range(3), nan_at={2})
     records = advmon.read_jsonl(tmp_path / "r.jsonl")
     # At most one request per record (queued records share one), never one per metric.
     assert 1 <= len(calls) <= 3
@@ -96,13 +87,13 @@ def test_a_dead_server_never_stops_training_and_replay_backfills(tmp_path, monke
             monitor = advmon.Monitor(
                 "ml-outage", sinks=[advmon.JsonlSink(jsonl), MlflowSink(url)], retries=1, close_timeout=20
             )
-            run_steps(monitor, range(0, 3))
+            run_grpo_steps(monitor, range(0, 3))
             monitor.flush(timeout=30)
             assert monitor.last_metrics["advmon/sink_errors/mlflow"] == 0
             server.stop()  # the tracking server dies mid-run
 
             started = time.perf_counter()
-            run_steps(monitor, range(3, 6), nan_at={4})  # training carries on...
+            run_grpo_steps(monitor, range(3, 6), nan_at={4})  # training carries on...
             assert time.perf_counter() - started < 5  # ...without waiting for MLflow
             monitor.close()
         assert any("sink mlflow failed" in str(w.message) for w in caught)

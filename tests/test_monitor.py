@@ -50,6 +50,15 @@ def grpo_batch(groups=6, size=8, tokens=20, seed=0, nan_rewards=0):
     return prompts, rewards, mask
 
 
+def run_grpo_steps(monitor, steps, nan_at=()):
+    """A GRPO-like estimator watched by ``monitor`` over ``steps``, with NaN rewards at ``nan_at``."""
+    estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
+    for step in steps:
+        prompts, rewards, mask = grpo_batch(seed=step, nan_rewards=2 if step in nan_at else 0)
+        with monitor.step(step):
+            estimator.compute_advantage(prompts, rewards, mask)
+
+
 def check_record(metrics, *, rewards, advantages, mask, keys, reward_range=None, per_sequence=False):
     """Every key of a record against an independent NumPy computation."""
     r = rewards.numpy().astype(np.float64)

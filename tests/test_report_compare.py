@@ -134,6 +134,14 @@ def chromium(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+def rendered_plots(tmp_path, page: str) -> list[dict]:
+    """Each plot of ``page`` as headless Chromium lays it out (PROBE's measurements)."""
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.replace("</body>", PROBE + "</body>"))
+    dom = chromium("--dump-dom", probed.as_uri()).stdout
+    return json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+
+
 @pytest.mark.integration
 def test_report_renders_in_chromium_with_visible_non_empty_plots(tmp_path):
     source = write_jsonl(tmp_path / "tp2.jsonl", simulate(RunSpec("nan_rewards", seed=3, steps=60, onset=30)))
@@ -142,10 +150,7 @@ def test_report_renders_in_chromium_with_visible_non_empty_plots(tmp_path):
     page = out.read_text()
     assert "<script" not in page and "http://" not in page.split("<body>")[0]  # self-contained: nothing to fetch
     assert "AdvmonNonFiniteRewards" in page and "docs/runbooks.md#advmonnonfiniterewards" in page
-    probed = tmp_path / "probed.html"
-    probed.write_text(page.replace("</body>", PROBE + "</body>"))
-    dom = chromium("--dump-dom", probed.as_uri()).stdout
-    plots = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    plots = rendered_plots(tmp_path, page)
     assert len(plots) == 6
     for plot in plots:
         assert plot["visible"] and plot["width"] > 300 and plot["height"] > 120, plot
@@ -257,10 +262,7 @@ def test_the_where_section_renders_in_chromium(tmp_path):
     where = page[page.index("<h2>Where</h2>"):]
     assert "AdvmonRewardFunctionNonFinite function=format at step 20" in where
     assert "<td>nonfinite_reward_functions</td><td>math</td>" in where
-    probed = tmp_path / "probed.html"
-    probed.write_text(page.replace("</body>", PROBE + "</body>"))
-    dom = chromium("--dump-dom", probed.as_uri()).stdout
-    plots = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    plots = rendered_plots(tmp_path, page)
     assert len(plots) == 6 + 6  # the run's panels, then 4 per-slice and 2 per-function ones
     for plot in plots:
         assert plot["visible"] and plot["width"] > 300 and plot["height"] > 120, plot

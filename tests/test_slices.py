@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import advmon
 from advmon.devices import statistics_path
 
+from .conftest import ListSink
 from .dispatch import Dispatched
 from .reference import slice_stats, value_stats
 from .sketches import prefix_mask
@@ -147,16 +148,7 @@ def test_slices_of_any_batch_match_numpy(data):
     keys = [g for g, n in enumerate(sizes) for _ in range(n)]
     path = data.draw(st.sampled_from(["cpu", "torch"]))
 
-    class Kept(advmon.Sink):
-        name, synchronous = "kept", True
-
-        def __init__(self):
-            self.records = []
-
-        def write(self, record):
-            self.records.append(record)
-
-    sink = Kept()
+    sink = ListSink()  # not the fixture: hypothesis runs many examples in one test
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an all-invalid mask warns
         with advmon.Monitor("any", sinks=[sink]) as monitor, statistics_path(path):

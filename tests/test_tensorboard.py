@@ -10,9 +10,8 @@ import pytest
 import advmon
 from advmon.cli import main as cli
 
-from .estimators import GRPOLikeEstimator
 from .services import require_module
-from .test_monitor import grpo_batch
+from .test_monitor import run_grpo_steps
 
 require_module("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
@@ -37,17 +36,9 @@ def assert_same_scalars(records, read: dict[str, dict[int, float]]) -> None:
                 assert record.step not in read.get(key, {}), key  # unavailable values are not logged
 
 
-def run_steps(monitor, steps, nan_at=()):
-    estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
-    for step in steps:
-        prompts, rewards, mask = grpo_batch(seed=step, nan_rewards=2 if step in nan_at else 0)
-        with monitor.step(step):
-            estimator.compute_advantage(prompts, rewards, mask)
-
-
 def test_every_value_reaches_tensorboard_at_its_step(tmp_path):
     monitor = advmon.Monitor("tb-run", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), f"tensorboard:{tmp_path / 'tb'}"])
-    run_steps(monitor, range(2, 6), nan_at={4})
+    run_grpo_steps(monitor, range(2, 6), nan_at={4})
     monitor.close()
     records = advmon.read_jsonl(tmp_path / "r.jsonl")
     read = scalars(tmp_path / "tb" / "tb-run")
@@ -59,7 +50,7 @@ def test_every_value_reaches_tensorboard_at_its_step(tmp_path):
 def test_replay_backfills_tensorboard(tmp_path):
     jsonl = tmp_path / "r.jsonl"
     monitor = advmon.Monitor("tb-replay", sinks=[advmon.JsonlSink(jsonl)])
-    run_steps(monitor, range(4))
+    run_grpo_steps(monitor, range(4))
     monitor.close()
     assert cli(["replay", str(jsonl), "--to", f"tensorboard:{tmp_path / 'tb'}", "--since-step", "1"]) == 0
     read = scalars(tmp_path / "tb" / "tb-replay")
@@ -79,7 +70,7 @@ def test_a_failing_writer_is_counted_and_training_goes_on(tmp_path, monkeypatch)
         warnings.simplefilter("always")
         monitor = advmon.Monitor("tb-broken", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"),
                                                      TensorBoardSink(tmp_path / "tb")], retries=0)
-        run_steps(monitor, range(3))
+        run_grpo_steps(monitor, range(3))
         monitor.close()
     records = advmon.read_jsonl(tmp_path / "r.jsonl")
     assert [r.step for r in records] == [0, 1, 2]
@@ -93,7 +84,7 @@ def test_report_and_compare_read_tensorboard_runs_and_all_sinks_agree(tmp_path):
     from .test_report_compare import same_records
 
     monitor = advmon.Monitor("tb-read", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), TensorBoardSink(tmp_path / "tb")])
-    run_steps(monitor, range(25), nan_at={7})
+    run_grpo_steps(monitor, range(25), nan_at={7})
     monitor.close()
     from_jsonl = read_run(tmp_path / "r.jsonl")
     from_tb = read_run(f"tb+{tmp_path / 'tb' / 'tb-read'}")
