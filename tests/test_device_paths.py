@@ -273,24 +273,27 @@ def test_the_path_follows_the_device_and_can_be_chosen(monkeypatch):
             pass
 
 
-def test_the_gpu_benchmark_runs(tmp_path):
-    """benchmarks/bench_gpu.py --smoke: the GPU check's code on the CPU, so a lent GPU's minutes find it working."""
+def smoke_run(script: str, tmp_path) -> str:
+    """A benchmark's ``--smoke`` run on the CPU; its output, once it exited cleanly."""
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_gpu.py"), "--smoke"], capture_output=True,
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / script), "--smoke"], capture_output=True,
                           text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_gpu_benchmark_runs(tmp_path):
+    """benchmarks/bench_gpu.py --smoke: the GPU check's code on the CPU, so a lent GPU's minutes find it working."""
+    out = smoke_run("bench_gpu.py", tmp_path)
     for figure in ("triton dense", "torch  expand view", "triton GRPO expand view", "torch  dense"):
-        assert figure in done.stdout, done.stdout
+        assert figure in out, out
 
 
 def test_the_gpu_profile_runs(tmp_path):
     """benchmarks/profile_gpu.py --smoke: where a call's time goes, ready for the next lent GPU."""
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / "profile_gpu.py"), "--smoke"], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    out = smoke_run("profile_gpu.py", tmp_path)
     for heading in ("=== triton dense 256 x 512", "=== torch expand view", "=== watched GRPO call", "tottime"):
-        assert heading in done.stdout, done.stdout[-3000:]
+        assert heading in out, out[-3000:]
 
 
 def test_tensors_on_a_device_without_float64_are_summarised_on_the_host(monkeypatch):
