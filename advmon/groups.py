@@ -42,6 +42,7 @@ from advmon.devices import attempt_triton, path_for, sync_free, to_device
 __all__ = [
     "GROUP_COUNT_FIELDS",
     "GroupsError",
+    "PerGroup",
     "derived_pre_norm",
     "group_counts",
     "group_ids",
@@ -136,6 +137,10 @@ def _row_group_ids(rows: torch.Tensor) -> torch.Tensor:
     starts[1:] = (rows[1:] != rows[:-1]).any(dim=1)
     run_of_row = torch.cumsum(starts, 0) - 1
     representatives = rows[starts]
+    if torch.unique(_row_hashes(representatives)).shape[0] == representatives.shape[0]:
+        # Every run is a different group (different hashes: different rows): the runs are the groups,
+        # numbered in order of appearance, so ids rise along the batch and need no sort downstream.
+        return run_of_row
     _, group_of_run = torch.unique(representatives, dim=0, return_inverse=True)
     return group_of_run[run_of_row]
 
@@ -199,7 +204,25 @@ def row_keys(rows: torch.Tensor) -> torch.Tensor:
         >>> keys[0] == keys[1], keys[0] == keys[2], bool(keys.max() < 2 ** 48)
         (tensor(True), tensor(False), True)
     """
+    if not sync_free(rows) and rows.dtype != torch.bfloat16:
+        return _host_row_keys(rows)
     return (_row_hashes(rows) & 0xFFFFFFFFFFFF).to(torch.float64)
+
+
+def _host_row_keys(chosen: torch.Tensor) -> torch.Tensor:
+    """:func:`row_keys` of a few chosen rows in NumPy (the same wrapping int64 arithmetic, fewer microseconds)."""
+    rows = chosen.numpy()
+    if rows.dtype.kind == "f":
+        values = (rows.astype(np.float64) + 0.0).view(np.int64)
+    else:
+        values = rows.astype(np.int64)
+    weights = _column_weights(rows.shape[1], torch.device("cpu")).numpy()
+    with np.errstate(over="ignore"):
+        mixed = values * weights
+        mixed ^= (mixed >> 31) & 0x1FFFFFFFF
+        mixed *= np.int64(_MIX)
+        hashes = mixed.sum(axis=1, dtype=np.int64)
+    return torch.from_numpy((hashes & 0xFFFFFFFFFFFF).astype(np.float64))
 
 
 def _hashable_group_ids(groups: Sequence[Any] | np.ndarray, batch_size: int) -> torch.Tensor:
@@ -221,7 +244,7 @@ def _hashable(item: Any) -> Any:
     return item
 
 
-class _PerGroup(NamedTuple):
+class PerGroup(NamedTuple):
     """Each group's size and finite rewards' count, mean, min and max (one slot per group, unused slots empty)."""
 
     size: torch.Tensor
@@ -232,14 +255,14 @@ class _PerGroup(NamedTuple):
     slot: torch.Tensor  #: each sample's group slot
 
 
-def _per_group(rewards: torch.Tensor, ids: torch.Tensor) -> _PerGroup:
+def _per_group(rewards: torch.Tensor, ids: torch.Tensor) -> PerGroup:
     """Per-group values of float64 rewards: on the CPU with slot = id, elsewhere from sorted segments."""
     if sync_free(rewards):
         return _sorted_per_group(rewards, ids)
     finite = torch.isfinite(rewards)
     zeros = torch.zeros(rewards.shape[0], dtype=torch.float64, device=rewards.device)
     finite_count = zeros.index_add(0, ids, finite.to(torch.float64))
-    return _PerGroup(
+    return PerGroup(
         size=zeros.index_add(0, ids, torch.ones_like(zeros)),
         finite=finite_count,
         mean=zeros.index_add(0, ids, torch.where(finite, rewards, 0.0)) / finite_count,
@@ -249,7 +272,7 @@ def _per_group(rewards: torch.Tensor, ids: torch.Tensor) -> _PerGroup:
     )
 
 
-def _sorted_per_group(rewards: torch.Tensor, ids: torch.Tensor) -> _PerGroup:
+def _sorted_per_group(rewards: torch.Tensor, ids: torch.Tensor) -> PerGroup:
     """:func:`_per_group` without atomics or host reads, deterministic on every device.
 
     Samples are sorted by group, then by reward (non-finite rewards last), so each
@@ -278,7 +301,7 @@ def _sorted_per_group(rewards: torch.Tensor, ids: torch.Tensor) -> _PerGroup:
     above = torch.where(usable, ordered - low[segment], 0.0)
     # unsafe=True skips segment_reduce's argument checks, which read values back to the host.
     total_above = torch.segment_reduce(above, "sum", offsets=bounds, unsafe=True, initial=0.0)
-    return _PerGroup(
+    return PerGroup(
         size=after - first,
         finite=finite,
         mean=low + total_above / finite,
@@ -316,9 +339,15 @@ def group_counts(
 
 
 def group_statistics(
-    rewards: torch.Tensor, ids: torch.Tensor | None, reward_range: tuple[float, float] | None
+    rewards: torch.Tensor,
+    ids: torch.Tensor | None,
+    reward_range: tuple[float, float] | None,
+    per_group: PerGroup | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`group_counts` and :func:`derived_pre_norm` of one call, from one pass over its groups.
+
+    ``per_group`` are the groups' values when the caller has them already (the
+    drill-down's :class:`~advmon.exemplars.RewardSegments`: slot ``s`` is group ``s``).
 
     Example:
         >>> counts, pre_norm = group_statistics(torch.tensor([1.0, 3.0, 2.0, 2.0]), torch.tensor([0, 0, 1, 1]), None)
@@ -328,6 +357,8 @@ def group_statistics(
     rewards = rewards.to(torch.float64)
     if ids is None:
         return group_counts(rewards, None, reward_range), derived_pre_norm(rewards, None)
+    if per_group is not None:
+        return _counts(per_group, reward_range), _minus_group_means(rewards, per_group)
     if path_for(rewards.device) == "triton":
         found = attempt_triton(lambda: _triton_group_statistics(rewards, ids, reward_range), rewards.device)
         if found is not None:
@@ -342,7 +373,7 @@ def _triton_group_statistics(rewards, ids, reward_range):
     return triton_group_statistics(rewards, ids, reward_range)
 
 
-def _counts(group: _PerGroup, reward_range: tuple[float, float] | None) -> torch.Tensor:
+def _counts(group: PerGroup, reward_range: tuple[float, float] | None) -> torch.Tensor:
     exists = group.size > 0
     comparable = group.finite >= 2
     low, high = reward_range if reward_range is not None else (math.nan, math.nan)
@@ -404,5 +435,5 @@ def derived_pre_norm(rewards: torch.Tensor, ids: torch.Tensor | None) -> torch.T
     return group_statistics(rewards, ids, None)[1]
 
 
-def _minus_group_means(rewards: torch.Tensor, group: _PerGroup) -> torch.Tensor:
+def _minus_group_means(rewards: torch.Tensor, group: PerGroup) -> torch.Tensor:
     return rewards - group.mean[group.slot]

@@ -18,6 +18,7 @@ from advmon.groups import (
     group_counts,
     group_ids,
     group_statistics,
+    row_keys,
 )
 
 from .reference import derived_pre_norm as reference_pre_norm
@@ -137,3 +138,32 @@ def test_signed_zeros_are_one_group_on_the_device_path():
     with statistics_path("torch"):
         ids = group_ids(rows, 3).tolist()
     assert ids[0] == ids[1] != ids[2]
+
+
+def test_contiguous_prompt_rows_are_numbered_in_order_of_appearance():
+    """The CPU's runs of identical rows are the groups when every run differs: ids rise along the batch."""
+    rng = np.random.default_rng(3)
+    prompts = torch.from_numpy(rng.integers(0, 50, (30, 5))).repeat_interleave(4, dim=0)
+    ids = group_ids(prompts, 120)
+    assert ids.tolist() == [i // 4 for i in range(120)]
+    split = torch.cat([prompts[:8], prompts[40:44], prompts[:4]])  # the first prompt again, apart: one group
+    ids = group_ids(split, 16).tolist()
+    assert ids[:4] == ids[12:] == [ids[0]] * 4 and len(set(ids)) == 3
+
+
+@pytest.mark.parametrize("rows", [
+    torch.randint(-2**62, 2**62, (50, 7), generator=torch.Generator().manual_seed(0)),
+    torch.randint(0, 32000, (5, 64), generator=torch.Generator().manual_seed(1)).int(),
+    torch.randn(6, 9, generator=torch.Generator().manual_seed(2)),
+    torch.tensor([[0.0, -0.0, 1e300], [math.nan, math.inf, -1.0]], dtype=torch.float64),
+    torch.randint(0, 255, (4, 3), generator=torch.Generator().manual_seed(3)).to(torch.uint8),
+    torch.randn(3, 4, generator=torch.Generator().manual_seed(4)).half(),
+    torch.tensor([[True, False], [False, False]]),
+], ids=["int64", "int32", "float32", "float64-special", "uint8", "float16", "bool"])
+def test_row_keys_are_the_same_on_the_cpu_and_device_paths(rows):
+    """The CPU names a group with NumPy's int64 arithmetic, other devices with torch's: one key either way."""
+    host = row_keys(rows)
+    with statistics_path("torch"):
+        device = row_keys(rows)
+    assert torch.equal(host, device)
+    assert bool((host >= 0).all() and (host < 2**48).all())
