@@ -35,6 +35,7 @@ NumPy and against the general sketch, bin for bin).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -113,20 +114,30 @@ class RowExtremes:
         self.total = torch.zeros(rows, dtype=torch.float64) if sums else None
         self.lengths: torch.Tensor | None = None
         self.complete = False
-        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._pending_sums: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def wants_sums(self) -> bool:
+        return self.total is not None
 
     def add_rectangle(self, rows: torch.Tensor, block: torch.Tensor) -> None:
         """A rectangle of whole rows' leading values (each row is in one rectangle: written once, at the end)."""
-        total = block.sum(dim=1, dtype=torch.float64) if self.total is not None else block[:, :0].sum(dim=1)
-        self._pending.append((rows, block.amax(dim=1), block.amin(dim=1), total))
+        self._pending.append((rows, block.amax(dim=1), block.amin(dim=1)))
+
+    def add_rectangle_sums(self, rows: torch.Tensor, block: torch.Tensor) -> None:
+        """The same rectangle's row sums, from its float64 copy where the sketch made one (no conversion here)."""
+        self._pending_sums.append((rows, block.sum(dim=1, dtype=torch.float64)))
 
     def _flush(self) -> None:
         if self._pending:
-            rows, high, low, total = (torch.cat(column) for column in zip(*self._pending))
+            rows, high, low = (torch.cat(column) for column in zip(*self._pending))
             self.high[rows], self.low[rows] = high, low
-            if self.total is not None:
-                self.total[rows] = total
             self._pending = []
+        if self._pending_sums:
+            rows, total = (torch.cat(column) for column in zip(*self._pending_sums))
+            self.total[rows] = total
+            self._pending_sums = []
 
     def add_segments(self, rows: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> None:
         """Rows' ragged tails: ``values`` holds each row's ``lengths[i]`` values in turn."""
@@ -167,8 +178,9 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor, extremes: RowExtrem
     if not -1000 < window.level < 1000:
         return None  # 2**-level would leave float64's range: the general sketch scales in two steps
     sums = _BlockSums(values.dtype, window)
+    row_sums = layout.rectangle_sums if extremes is not None and extremes.wants_sums else None
     for block in layout.blocks():
-        sums.add(block)
+        sums.add(block, row_sums)
     if extremes is not None:
         layout.ragged_extremes()
         extremes.lengths = lengths
@@ -201,6 +213,7 @@ class _Layout:
         self.values = values
         self.lengths = lengths
         self.extremes = extremes
+        self.rectangles: list[tuple[torch.Tensor, int, int]] = []  #: (rows, start, width) in the block last yielded
         # The ragged rest is at most group * T entries: a block, and a small share of a small batch.
         rows, cols = values.shape
         group = self.group_rows = max(1, min(GROUP_ROWS, BLOCK_ELEMENTS // max(cols, 1), rows // 32))
@@ -241,22 +254,31 @@ class _Layout:
         widest = max((width for _, width in self.groups), default=0)
         buffer = torch.empty(max(BLOCK_ELEMENTS, self.group_rows * widest), dtype=values.dtype)
         filled = 0
+        self.rectangles = []
         for rows, width in self.groups:
             size = rows.numel() * width
             if filled and filled + size > buffer.numel():
                 yield buffer[:filled]
                 filled = 0
+                self.rectangles = []
             rectangle = buffer[filled : filled + size].view(rows.numel(), width)
             torch.index_select(values[:, :width], 0, rows, out=rectangle)
             if self.extremes is not None:
                 self.extremes.add_rectangle(rows, rectangle)  # in cache, just copied
+            self.rectangles.append((rows, filled, width))
             filled += size
         if filled:
             yield buffer[:filled]
+        self.rectangles = []
         if self.ragged is not None:
             flat = self.flat()
             for start in range(0, self.ragged.numel(), BLOCK_ELEMENTS):
                 yield flat.index_select(0, self.ragged[start : start + BLOCK_ELEMENTS])
+
+    def rectangle_sums(self, block: torch.Tensor) -> None:
+        """Row sums of the block just yielded, from ``block`` or a copy laid out alike (its float64 copy)."""
+        for rows, start, width in self.rectangles:
+            self.extremes.add_rectangle_sums(rows, block[start : start + rows.numel() * width].view(-1, width))
 
     def ragged_extremes(self) -> None:
         """Add the rows' ragged tails to ``extremes`` (the rectangles are added as :meth:`blocks` copies them)."""
@@ -356,9 +378,13 @@ class _BlockSums:
         self._scaled_dtype = torch.float32 if self._bin_in_float32 else torch.float64
         self._buffers: dict[str, torch.Tensor] = {}
 
-    def add(self, block: torch.Tensor) -> None:
+    def add(self, block: torch.Tensor, row_sums: Callable[[torch.Tensor], None] | None = None) -> None:
+        """Add a block's values; ``row_sums`` is given the block's float64 copy (or the block with a NaN or Inf)."""
         low, high = (float(v) for v in torch.aminmax(block))
         if not (math.isfinite(low) and math.isfinite(high)):
+            if row_sums is not None:
+                row_sums(block)  # before its NaN and Inf are dropped: the rows' layout holds only now
+                row_sums = None
             # NaN or Inf among the valid values (rare, and what a monitor is for):
             # count them and go on with the block's finite values, selected once.
             nan = int(torch.isnan(block).sum())
@@ -372,6 +398,8 @@ class _BlockSums:
         self.lows.append(low)
         self.highs.append(high)
         copy = block if block.dtype == torch.float64 else self._buffer("float64", block.numel(), torch.float64).copy_(block)
+        if row_sums is not None:
+            row_sums(copy)  # before it is centred below
         if not self.window_missed and self.window.holds(low, high):
             self._count_bins(block if self._bin_in_float32 else copy)
         else:

@@ -277,3 +277,28 @@ def test_many_small_blocks_and_groups_agree_bin_for_bin(case):
     assert part is not None
     assert_stats_close(summarize([part]), value_stats(values.numpy(), mask.numpy()), exact_percentiles=False)
     assert_same_sketch(part, general_part(values, mask))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_extremes_taken_on_the_way_match_numpy(dtype):
+    """Rows' extremes and float64 sums, over several blocks (their rectangles' offsets) and a block with a NaN."""
+    rng = np.random.default_rng(5)
+    rows, cols = 600, 1000  # about 300k valid values: several blocks of prefix_sketch.BLOCK_ELEMENTS
+    lengths = rng.integers(0, cols + 1, rows)
+    x = rng.normal(3.0, 2.0, (rows, cols)) * 10.0 ** rng.integers(-3, 4, (rows, 1))
+    nan_row = int(np.flatnonzero(lengths > 10)[0])
+    x[nan_row, 5] = math.nan
+    values = torch.from_numpy(x).to(dtype)
+    extremes = prefix_sketch.RowExtremes(rows, dtype, sums=True)
+    assert prefix_part(values, torch.from_numpy(lengths), extremes) is not None
+    assert extremes.complete
+    seen = values.double().numpy()
+    for row in range(rows):
+        valid = seen[row, : lengths[row]]
+        if row == nan_row:
+            assert math.isnan(float(extremes.total[row])) or math.isnan(float(extremes.high[row]))
+        elif valid.size:
+            assert float(extremes.high[row]) == valid.max() and float(extremes.low[row]) == valid.min()
+            assert float(extremes.total[row]) == pytest.approx(math.fsum(valid), rel=1e-12, abs=1e-300)
+        else:
+            assert float(extremes.total[row]) == 0.0
