@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ import torch
 from advmon.exemplars import FIELDS as EXEMPLAR_FIELDS
 from advmon.exemplars import NOT_CHOSEN, REASONS
 from advmon.groups import merge_group_counts
-from advmon.observation import CallParts, GroupKeys, Problem
+from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem
 from advmon.record import REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
 from advmon.slices import SLICE_FIELDS
 from advmon.stats import HostPart, pack, summarize
@@ -121,8 +121,9 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
         if call.exemplars is not None:
             table = next(arrays).reshape(-1, call.exemplars.shape[1])
             slice_of = None
-            if call.sample_slices is not None:
-                slice_of = [call.slice_names[slot] for slot in call.sample_slices]
+            if call.sample_slices is not None:  # only the chosen groups' first samples are looked up
+                firsts = {int(first) for first in table[:, FIRST_SAMPLE]}
+                slice_of = {first: call.slice_names[call.sample_slices[first]] for first in firsts}
             step.exemplars += exemplar_entries(table, call.exemplar_keys, slice_of)
         if call.slices is not None:
             table = next(arrays).reshape(-1, len(SLICE_FIELDS))
@@ -134,7 +135,7 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
     return step
 
 
-def exemplar_entries(table: np.ndarray, keys: GroupKeys, slice_of: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def exemplar_entries(table: np.ndarray, keys: GroupKeys, slice_of: Mapping[int, str] | Sequence[str] | None = None) -> list[dict[str, Any]]:
     """The record's exemplars from a call's worst-groups table (its last column names the group).
 
     Example:

@@ -17,7 +17,7 @@ import torch
 
 from advmon.devices import sync_free, to_device, where_float64_works
 from advmon.exemplars import RewardSegments, reward_segments, worst_groups
-from advmon.groups import GroupsError, group_counts, group_ids, group_statistics, row_keys
+from advmon.groups import GroupsError, PerGroup, group_counts, group_ids, group_statistics, row_keys
 from advmon.prefix_sketch import RowExtremes
 from advmon.row_summaries import RowSummary, row_summaries
 from advmon.slices import SliceIndex, slice_name, slice_table
@@ -67,7 +67,7 @@ class CallParts:
     #: Per-slice sums (:func:`advmon.slices.slice_table`), the slices' names by slot, and each sample's slice.
     slices: torch.Tensor | None = None
     slice_names: list[str | None] | None = None
-    sample_slices: list[int] | None = None
+    sample_slices: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,7 @@ class InputObservation:
     segments: RewardSegments | None = None
     row_counts: torch.Tensor | None = None  #: the mask's, once an expand view needed them
     slice_slots: torch.Tensor | None = None  #: each sample's slice slot, on the rewards' device
-    sample_slices: list[int] | None = None  #: the same, on the host
+    sample_slices: np.ndarray | None = None  #: the same, on the host
     slice_index: SliceIndex | None = None
     pending_slices: tuple[Any, SliceIndex] | None = None  #: labels not yet numbered (no batch size yet)
     function_nonfinite: torch.Tensor | None = None  #: per sample: reward functions that scored it NaN or Inf
@@ -305,9 +305,6 @@ def observe_inputs(
     parts.stages["rewards"] = [value_part(seen.rewards)]
     batch = seen.rewards.shape[0]
     seen.group_ids = _attempt(problems, lambda: _group_ids(groups, group_size, batch, seen.rewards))
-    parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, reward_range)
-    parts.stages["pre_norm"] = [value_part(pre_norm)]
-    parts.pre_norm_source = "derived"
     if seen.pending_slices is not None:
         _attempt(problems, lambda: _slice_slots(seen, batch, seen.rewards.device))
     seen.function_nonfinite = _function_nonfinite(functions, seen.rewards)
@@ -316,7 +313,19 @@ def observe_inputs(
             seen.segments = reward_segments(seen.rewards, seen.group_ids, seen.function_nonfinite)
         except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
             problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
+    parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, reward_range, _shared_groups(seen))
+    parts.stages["pre_norm"] = [value_part(pre_norm)]
+    parts.pre_norm_source = "derived"
     return seen
+
+
+def _shared_groups(seen: InputObservation) -> PerGroup | None:
+    """On the CPU, the drill-down's group values serve the record's group counts too (one pass, not two)."""
+    segments = seen.segments
+    if segments is None or sync_free(seen.rewards):
+        return None  # elsewhere the group statistics keep their own kernels (Triton where it runs)
+    return PerGroup(size=segments.size, finite=segments.finite, mean=segments.mean, min=segments.min,
+                    max=segments.max, slot=seen.group_ids)
 
 
 def _function_nonfinite(functions: list[torch.Tensor], rewards: torch.Tensor) -> torch.Tensor | None:
@@ -344,7 +353,7 @@ def _slice_slots(seen: InputObservation, batch: int, device: torch.device) -> No
     ids = index.ids(labels)
     seen.slice_index = index
     seen.sample_slices = ids
-    seen.slice_slots = to_device(torch.from_numpy(np.asarray(ids, dtype=np.int64)), device)
+    seen.slice_slots = to_device(torch.from_numpy(ids), device)
 
 
 def observe_output(

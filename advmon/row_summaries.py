@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from advmon.devices import sync_free
@@ -43,6 +44,8 @@ class RowSummary(NamedTuple):
 
     def peak(self) -> torch.Tensor:
         """``abs_max`` where the sample has no non-finite valid value, else ``-inf``."""
+        if not sync_free(self.nonfinite) and not bool(self.nonfinite.any()):
+            return self.abs_max  # on the CPU, nothing broken (the common case): one op, not two
         return self.abs_max.masked_fill(self.nonfinite > 0, -math.inf)
 
 
@@ -70,6 +73,8 @@ def row_summaries(
 
 
 def _per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bool) -> RowSummary:
+    if not sync_free(values):
+        return _host_per_value(values, weights, sums)
     values = values.to(torch.float64)
     finite = torch.isfinite(values)
     valid = None if weights is None else weights > 0
@@ -80,6 +85,30 @@ def _per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bool) -
         return RowSummary(abs_max, bad.to(torch.float64))
     count = usable.to(torch.float64) if weights is None else weights.to(torch.float64).masked_fill(~usable, 0.0)
     return RowSummary(abs_max, bad.to(torch.float64), values.masked_fill(~usable, 0.0) * count, count)
+
+
+def _host_per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bool) -> RowSummary:
+    """:func:`_per_value` in NumPy on the CPU: a few thousand values cost torch's per-op overhead, not arithmetic."""
+    v = values.to(torch.float64).numpy()
+    magnitude = np.abs(v)
+    w = None if weights is None else weights.to(torch.float64).numpy()
+    if np.isfinite(magnitude).all():  # the common case, in fewer ops: nothing is broken, validity is the weights' alone
+        bad = np.zeros(v.shape[0])
+        usable = None if w is None else w > 0
+    else:
+        usable = magnitude < math.inf  # NaN and Inf fail it
+        bad = (~usable if w is None else (w > 0) & ~usable).astype(np.float64)
+        if w is not None:
+            usable &= w > 0
+    abs_max = magnitude if usable is None else np.where(usable, magnitude, -math.inf)
+    if not sums:
+        return RowSummary(torch.from_numpy(abs_max), torch.from_numpy(bad))
+    if usable is None:
+        count, total = np.ones(v.shape[0]), v.copy()  # v may be the caller's own memory
+    else:
+        count = usable.astype(np.float64) if w is None else np.where(usable, w, 0.0)
+        total = np.where(usable, v, 0.0) * count
+    return RowSummary(*(torch.from_numpy(a) for a in (abs_max, bad, total, count)))
 
 
 def _dense(flat: torch.Tensor, mask: torch.Tensor | None, sums: bool) -> RowSummary:

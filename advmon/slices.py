@@ -10,13 +10,14 @@ record's one transfer.
 
 Example:
     >>> index = SliceIndex(max_slices=2)
-    >>> index.ids(["gsm8k", "math", "gsm8k", "code"]), index.names, index.folded
+    >>> index.ids(["gsm8k", "math", "gsm8k", "code"]).tolist(), index.names, index.folded
     ([0, 1, 0, 2], ['gsm8k', 'math', 'other'], 1)
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,6 +46,7 @@ SLICE_FIELDS = (
     "advantage_sum",
     "advantage_abs_max",
 )
+_SLICE_COLUMN = {name: i for i, name in enumerate(SLICE_FIELDS)}
 
 
 def slice_name(label: Any) -> str:
@@ -73,6 +75,7 @@ class SliceIndex:
         self.max_slices = max_slices
         self._slots: dict[str, int] = {}
         self._folded: set[str] = set()
+        self._known: dict[str, bytes] = {}  #: text labels already given a slot, as that slot's one byte
 
     @property
     def slots(self) -> int:
@@ -89,15 +92,22 @@ class SliceIndex:
         """Distinct labels folded into :data:`OTHER` so far in this run."""
         return len(self._folded)
 
-    def ids(self, labels: Sequence[Any]) -> list[int]:
-        """Each sample's slot; new labels take a name while there is room (in order of first appearance)."""
+    def ids(self, labels: Sequence[Any]) -> np.ndarray:
+        """Each sample's slot (int64); new labels take a name while there is room (in order of first appearance)."""
         if isinstance(labels, np.ndarray):
             labels = labels.tolist()
         try:
+            # Labels seen before (text, the common case) are looked up in C, without a Python loop: each
+            # as its slot's one byte, joined (making 4,096 Python ints into int64 costs twice as much).
+            found = operator.itemgetter(*labels)(self._known) if len(labels) > 1 else tuple(map(self._known.__getitem__, labels))
+            return np.frombuffer(b"".join(found), dtype=np.uint8).astype(np.int64)
+        except (KeyError, TypeError):
+            pass
+        try:
             slot_of = {label: self._slot(label) for label in dict.fromkeys(labels)}  # each distinct label once
         except TypeError:  # unhashable labels: named one by one
-            return [self._slot(label) for label in labels]
-        return [slot_of[label] for label in labels]
+            return np.array([self._slot(label) for label in labels], dtype=np.int64)
+        return np.array([slot_of[label] for label in labels], dtype=np.int64)
 
     def _slot(self, label: Any) -> int:
         name = slice_name(label)
@@ -108,6 +118,9 @@ class SliceIndex:
             else:
                 self._folded.add(name)
                 slot = self.max_slices
+        if isinstance(label, str) and self.slots <= 256:
+            # Only text is remembered as given: 1, 1.0 and True are equal keys with different names.
+            self._known[label] = bytes((slot,))
         return slot
 
     def slot_names(self) -> list[str | None]:
@@ -205,49 +218,50 @@ def _host_slice_table(
     rows: RowSummary | None,
     function_nonfinite: torch.Tensor | None,
 ) -> torch.Tensor:
-    """:func:`slice_table` in NumPy on the CPU (torch's per-op overhead outweighs a few thousand samples)."""
-    slot = slots.numpy()
+    """:func:`slice_table` in NumPy on the CPU (torch's per-op overhead outweighs a few thousand samples).
 
-    def summed(weights: np.ndarray) -> np.ndarray:
+    The table is filled in place, column by column, with as few NumPy calls as the
+    common case allows (no NaN or Inf reward: the finite count is the sample count).
+    """
+    slot = slots.numpy()
+    table = np.full((count, len(SLICE_FIELDS)), np.nan)
+    column = _SLICE_COLUMN
+
+    def summed(weights: np.ndarray | None = None) -> np.ndarray:
         return np.bincount(slot, weights=weights, minlength=count)[:count]
 
-    unknown = np.full(count, np.nan)
-    columns = {"samples": np.bincount(slot, minlength=count)[:count].astype(np.float64)}
-    if rewards is None:
-        columns.update(dict.fromkeys(SLICE_FIELDS[1:5], unknown))
-    else:
+    table[:, column["samples"]] = summed()
+    table[:, column["reward_function_nonfinite"]] = (
+        0.0 if function_nonfinite is None else summed(function_nonfinite.to(torch.float64).numpy()))
+    if rewards is not None:
         r = rewards.to(torch.float64).numpy()
-        finite, nan = np.isfinite(r), np.isnan(r)
-        columns.update(
-            reward_finite_count=summed(finite.astype(np.float64)),
-            reward_sum=summed(np.where(finite, r, 0.0)),
-            reward_nan_count=summed(nan.astype(np.float64)),
-            reward_inf_count=summed((~finite & ~nan).astype(np.float64)),
-        )
-    columns["reward_function_nonfinite"] = (
-        np.zeros(count) if function_nonfinite is None else summed(function_nonfinite.to(torch.float64).numpy()))
-    if segments is None:
-        columns.update(groups_comparable=unknown, groups_zero_std=unknown)
-    else:
+        if np.isfinite(r).all():
+            table[:, column["reward_finite_count"]] = table[:, column["samples"]]
+            table[:, column["reward_sum"]] = summed(r)
+            table[:, column["reward_nan_count"]] = table[:, column["reward_inf_count"]] = 0.0
+        else:
+            finite, nan = np.isfinite(r), np.isnan(r)
+            table[:, column["reward_finite_count"]] = summed(finite.astype(np.float64))
+            table[:, column["reward_sum"]] = summed(np.where(finite, r, 0.0))
+            table[:, column["reward_nan_count"]] = summed(nan.astype(np.float64))
+            table[:, column["reward_inf_count"]] = summed((~finite & ~nan).astype(np.float64))
+    if segments is not None:
         order, bounds, size = segments.order.numpy(), segments.bounds.numpy(), segments.size.numpy()
-        used = size > 0
-        first = order[np.minimum(bounds[:-1], max(order.shape[0] - 1, 0))][used]
+        finite_count, low, high = segments.finite.numpy(), segments.min.numpy(), segments.max.numpy()
+        first = order[np.minimum(bounds[:-1], max(order.shape[0] - 1, 0))]
+        if not size.all():  # empty group slots (none on the host, where each slot is a group): dropped
+            used = size > 0
+            first, finite_count, low, high = first[used], finite_count[used], low[used], high[used]
         group_slot = slot[first] if first.size else np.zeros(0, dtype=slot.dtype)
-        finite_count = segments.finite.numpy()[used]
         comparable = finite_count >= 2
-        zero_std = comparable & (segments.min.numpy()[used] == segments.max.numpy()[used])
-        columns.update(
-            groups_comparable=np.bincount(group_slot, weights=comparable.astype(np.float64), minlength=count)[:count],
-            groups_zero_std=np.bincount(group_slot, weights=zero_std.astype(np.float64), minlength=count)[:count],
-        )
-    if rows is None or rows.total is None:
-        columns.update(advantage_count=unknown, advantage_sum=unknown, advantage_abs_max=unknown)
-    else:
+        table[:, column["groups_comparable"]] = np.bincount(group_slot, weights=comparable, minlength=count)[:count]
+        table[:, column["groups_zero_std"]] = np.bincount(group_slot, weights=comparable & (low == high),
+                                                          minlength=count)[:count]
+    if rows is not None and rows.total is not None:
         peak = np.full(count, -np.inf)
         np.maximum.at(peak, slot, rows.abs_max.to(torch.float64).numpy())
-        columns.update(
-            advantage_count=summed(rows.count.to(torch.float64).numpy()),
-            advantage_sum=summed(rows.total.to(torch.float64).numpy()),
-            advantage_abs_max=np.where(peak == -np.inf, np.nan, peak),
-        )
-    return torch.from_numpy(np.stack([columns[name] for name in SLICE_FIELDS], axis=1))
+        peak[peak == -np.inf] = np.nan  # no finite advantage in the slice
+        table[:, column["advantage_count"]] = summed(rows.count.to(torch.float64).numpy())
+        table[:, column["advantage_sum"]] = summed(rows.total.to(torch.float64).numpy())
+        table[:, column["advantage_abs_max"]] = peak
+    return torch.from_numpy(table)

@@ -366,8 +366,8 @@ def test_cuda_tensors(monitor, sink):
 class HostTransfers(TorchFunctionMode):
     """Counts the calls that move tensor data to Python/NumPy.
 
-    The drill-down's CPU-only helpers (``_host_*`` in advmon.exemplars and advmon.slices,
-    which run only where the tensors are on the host already) view those tensors as
+    The drill-down's CPU-only helpers (``_host_*`` in advmon.exemplars, advmon.slices, advmon.row_summaries
+    and advmon.groups, which run only where the tensors are on the host already) view those tensors as
     NumPy arrays in place: not a transfer, so not counted.
     """
 

@@ -242,3 +242,34 @@ def test_advmon_instrument_entries_take_slices_and_reward_functions():
     assert parse_targets(target.spec) == [target]
     with pytest.raises(advmon.AdvmonConfigError, match="slices= or reward_functions="):
         parse_targets("my_rl.estimators:GDPO(labels=x)")
+
+
+@pytest.mark.parametrize("path", ["cpu", "torch"])
+def test_slices_of_finite_rewards_match_numpy(path, sink):
+    """The CPU's shortcut for a batch without NaN or Inf rewards gives the same table as the general sums."""
+    rewards, mask, sources = batch(6)
+    rewards = torch.nan_to_num(rewards, nan=0.5, neginf=-1.0)
+    advantages = grpo(rewards, 4).float().expand(mask.shape)
+    with advmon.Monitor("finite", sinks=[sink]) as monitor, statistics_path(path):
+        for step in range(2):  # the second step's labels are all known: looked up without naming them again
+            with monitor.step(step):
+                monitor.observe(rewards=rewards, advantages=advantages, mask=mask, group_size=4, slices=list(sources))
+            keys = [i // 4 for i in range(48)]
+            assert_slices_close(sink.records[-1].metrics,
+                                slice_stats(list(sources), rewards.numpy(), keys, advantages.numpy(), mask.numpy()))
+
+
+@pytest.mark.parametrize("max_slices", [2, 300])
+def test_slice_ids_of_known_and_new_labels(max_slices):
+    """Known text labels are looked up at once (slots as bytes, when they fit in one); others are named one by one."""
+    from advmon.slices import SliceIndex
+
+    index = SliceIndex(max_slices=max_slices)
+    assert index.ids(["a"]).tolist() == [0]
+    assert index.ids(["a"]).tolist() == [0]  # one known label
+    assert index.ids(np.array(["b", "a", "b"])).tolist() == [1, 0, 1]
+    assert index.ids(["a", "b", "a"]).tolist() == [0, 1, 0]  # all known
+    third = min(max_slices, 2)  # folded into "other" when there is no room
+    assert index.ids(["c", 3, "a", b"c"]).tolist() == [third, 3 if max_slices > 3 else third, 0, third]
+    assert index.ids([]).tolist() == []
+    assert index.ids([1.0, True]).tolist() == index.ids([1.0, True]).tolist()  # equal keys, never cached as text
