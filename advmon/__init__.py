@@ -65,6 +65,7 @@ def watch(
     group_size: int | None = None,
     slices: str | None = None,
     reward_functions: str | None = None,
+    group_normalized: bool = True,
 ) -> Callable[[F], F]: ...
 
 
@@ -77,6 +78,7 @@ def watch(
     group_size: int | None = None,
     slices: str | None = None,
     reward_functions: str | None = None,
+    group_normalized: bool = True,
 ) -> F | Callable[[F], F]:
     """Like :meth:`Monitor.watch`, on the process-wide monitor :func:`get_monitor`.
 
@@ -84,7 +86,7 @@ def watch(
     decoration still takes effect.
     """
     names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices,
-                          reward_functions=reward_functions)
+                          reward_functions=reward_functions, group_normalized=group_normalized)
 
     def decorate(function: F) -> F:
         return _watch_with(function, None, names)
@@ -101,8 +103,8 @@ def instrument(
     """Wrap ``target.<method>`` of an existing estimator instance or class, in place.
 
     Returns ``target``. Instrumenting twice does not wrap twice. ``argument_names``
-    are ``rewards=``, ``mask=``, ``groups=`` and ``group_size=`` as for
-    :meth:`Monitor.watch`. Without ``monitor``, the process-wide one is used.
+    are ``rewards=``, ``mask=``, ``groups=``, ``group_size=``, ``slices=``,
+    ``reward_functions=`` and ``group_normalized=`` as for :meth:`Monitor.watch`. Without ``monitor``, the process-wide one is used.
 
     Example:
         >>> import torch, advmon

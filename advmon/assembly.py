@@ -22,7 +22,7 @@ import torch
 
 from advmon.exemplars import FIELDS as EXEMPLAR_FIELDS
 from advmon.exemplars import NOT_CHOSEN, REASONS
-from advmon.groups import merge_group_counts
+from advmon.groups import GROUP_COUNT_FIELDS, merge_group_counts
 from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem
 from advmon.record import REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
 from advmon.slices import SLICE_FIELDS
@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 _ABS_MAX = SLICE_FIELDS.index("advantage_abs_max")
+MAX_SIZE = GROUP_COUNT_FIELDS.index("max_size")
 #: Stages whose keys every record carries, in this order.
 CORE_STAGES = ("pre_norm", "post_norm")
 
@@ -51,6 +52,8 @@ class StepParts:
 
     stages: dict[str, list[HostPart]] = field(default_factory=dict)
     group_totals: np.ndarray | None = None
+    #: The largest group of the calls whose advantages were normalized within their groups (0: none).
+    bound_size: float = 0.0
     estimator_metrics: dict[str, float] = field(default_factory=dict)
     estimators: list[str] = field(default_factory=list)
     sources: list[str | None] = field(default_factory=list)
@@ -72,6 +75,7 @@ class StepParts:
                 other.group_totals.copy() if self.group_totals is None
                 else merge_group_counts(self.group_totals, other.group_totals)
             )
+        self.bound_size = max(self.bound_size, other.bound_size)
         for key, value in other.estimator_metrics.items():
             self.estimator_metrics.setdefault(key, value)  # the first (rank 0's) value wins
         self.estimators += other.estimators
@@ -115,6 +119,8 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
         if call.groups is not None:
             counts = next(arrays)
             step.group_totals = counts.copy() if step.group_totals is None else merge_group_counts(step.group_totals, counts)
+            if call.group_normalized:
+                step.bound_size = max(step.bound_size, float(counts[MAX_SIZE]))
         for key, value in call.estimator_metrics.items():
             number = float(next(arrays)[0]) if isinstance(value, torch.Tensor) else float(value)
             step.estimator_metrics[f"estimator/{key}"] = number
@@ -217,7 +223,7 @@ def assemble(summaries: dict[str, dict[str, float]], step: StepParts,
     for stage in (*CORE_STAGES, *extra_stages):
         metrics.update(stage_metrics(f"advantages/{stage}", summaries.get(stage, {})))
     totals = None if step.group_totals is None else step.group_totals.tolist()
-    metrics.update(group_metrics(totals, reward_range))
+    metrics.update(group_metrics(totals, reward_range, step.bound_size))
     metrics.update(step.estimator_metrics)
     for name in sorted(step.slices):
         metrics.update(slice_metrics(name, step.slices[name]))

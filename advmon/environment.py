@@ -18,7 +18,7 @@ instrument, so nothing in the worker's code has to change:
 ``ADVMON_INSTRUMENT``      ``;``-separated targets: ``module:Class``, ``module:Class.method``,
                            ``module:function``, each optionally followed by argument names
                            ``(rewards=...,mask=...,groups=...,group_size=N,slices=...,
-                           reward_functions=...)``; or ``verl``
+                           reward_functions=...,group_normalized=false)``; or ``verl``
 ``ADVMON_EXEMPLARS``       worst groups per record (default 5; ``0``: none)
 ``ADVMON_STRICT``          ``1``: raise advmon's own errors (tests)
 ``ADVMON_ALL_RANKS``       ``1``: record on every rank, not only rank 0
@@ -30,7 +30,7 @@ Example:
     >>> settings["run"], settings["reward_range"]
     ('grpo', (0.0, 1.0))
     >>> parse_targets("my_rl.estimators:GRPO(rewards=scores,group_size=4); verl")[0]
-    Target(module='my_rl.estimators', attribute='GRPO', method='compute_advantage', names=ArgumentNames(rewards='scores', mask='mask', groups='prompt_ids', group_size=4, slices=None, reward_functions=None))
+    Target(module='my_rl.estimators', attribute='GRPO', method='compute_advantage', names=ArgumentNames(rewards='scores', mask='mask', groups='prompt_ids', group_size=4, slices=None, reward_functions=None, group_normalized=True))
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def parse_targets(text: str) -> list[Target]:
 
 
 #: The argument-name options an ``ADVMON_INSTRUMENT`` entry may set, as ``watch`` takes them.
-_NAME_OPTIONS = ("rewards", "mask", "groups", "group_size", "slices", "reward_functions")
+_NAME_OPTIONS = ("rewards", "mask", "groups", "group_size", "slices", "reward_functions", "group_normalized")
 
 
 def _names(text: str | None, entry: str) -> ArgumentNames:
@@ -200,12 +200,17 @@ def _names(text: str | None, entry: str) -> ArgumentNames:
         key, equals, value = (s.strip() for s in pair.partition("="))
         if not equals or key not in _NAME_OPTIONS:
             raise AdvmonConfigError(f"ADVMON_INSTRUMENT entry {entry.strip()!r}: expected rewards=, mask=, groups=, "
-                                    f"group_size=, slices= or reward_functions=, got {pair.strip()!r}")
+                                    f"group_size=, slices=, reward_functions= or group_normalized=, got {pair.strip()!r}")
         if key == "group_size":
             try:
                 values[key] = int(value)
             except ValueError:
                 raise AdvmonConfigError(f"ADVMON_INSTRUMENT entry {entry.strip()!r}: group_size must be an int") from None
+        elif key == "group_normalized":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise AdvmonConfigError(f"ADVMON_INSTRUMENT entry {entry.strip()!r}: group_normalized must be true or "
+                                        f"false, got {value!r}")
+            values[key] = value.lower() in ("true", "1")
         else:
             values[key] = None if value in ("", "None", "none") else value
     return ArgumentNames(**values)

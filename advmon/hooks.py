@@ -66,6 +66,11 @@ class ArgumentNames:
     #: ``parameter:prefix`` for its keys that start with ``prefix`` (NeMo-RL's GDPO components,
     #: ``repeated_batch:reward/``); ``None``: none (or :func:`scored_by`'s).
     reward_functions: str | None = None
+    #: Whether the estimator's advantages are normalized within each group (GRPO divides by the
+    #: group's std): then ``|A| <= G / sqrt(G - 1)`` bounds them. ``False`` for estimators that take the
+    #: groups but whiten over the batch (REINFORCE++, ReMax): the groups are still recorded, and
+    #: the bound alert uses ``ungrouped_abs_max`` instead.
+    group_normalized: bool = True
 
     def __post_init__(self) -> None:
         for name in ("rewards", "mask", "groups"):
@@ -79,6 +84,8 @@ class ArgumentNames:
         if spec is not None and (not isinstance(spec, str) or not spec.partition(":")[0].isidentifier()):
             raise AdvmonConfigError(
                 f"argument name for reward_functions must be an identifier or 'parameter:prefix', got {spec!r}")
+        if not isinstance(self.group_normalized, bool):
+            raise AdvmonConfigError(f"group_normalized must be True or False, got {self.group_normalized!r}")
         size = self.group_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise AdvmonConfigError(f"group_size must be a positive int or None, got {size!r}")

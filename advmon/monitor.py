@@ -206,6 +206,7 @@ class Monitor:
         group_size: int | None = None,
         slices: str | None = None,
         reward_functions: str | None = None,
+        group_normalized: bool = True,
     ) -> Callable[[F], F]: ...
 
     def watch(
@@ -218,6 +219,7 @@ class Monitor:
         group_size: int | None = None,
         slices: str | None = None,
         reward_functions: str | None = None,
+        group_normalized: bool = True,
     ) -> F | Callable[[F], F]:
         """Decorate an estimator function or method; use bare or with argument names.
 
@@ -229,6 +231,9 @@ class Monitor:
         carries ``slices/<label>/...`` keys (docs/drilldown.md). ``reward_functions``
         names a parameter holding ``{name: per-sample rewards}`` (or
         ``"parameter:prefix"`` for its keys with that prefix): ``rewards/<name>/...``.
+        ``group_normalized=False`` is for estimators that take groups but whiten
+        their advantages over the batch (REINFORCE++, ReMax): the groups are
+        recorded, but ``|A|`` is not judged against the group bound.
 
         Example:
             >>> monitor = Monitor("doc", sinks=[])
@@ -240,7 +245,7 @@ class Monitor:
             'compute_grpo_outcome_advantage'
         """
         names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices,
-                          reward_functions=reward_functions)
+                              reward_functions=reward_functions, group_normalized=group_normalized)
 
         def decorate(function: F) -> F:
             return watch_with(function, self, names)
@@ -262,6 +267,7 @@ class Monitor:
         group_size: int | None = None,
         slices: Any = None,
         reward_functions: Mapping[str, Any] | None = None,
+        group_normalized: bool = True,
     ) -> None:
         """Record advantages computed inline, without a decorator (e.g. TRL's GRPOTrainer).
 
@@ -271,6 +277,8 @@ class Monitor:
         ``reward_functions`` maps reward function (or component) names to their
         per-sample rewards, NaN where a function gave none: keys
         ``rewards/<name>/...``, so a function that returned ``None`` shows.
+        ``group_normalized=False``: the advantages were whitened over the batch,
+        not within groups (see :meth:`watch`).
 
         Example:
             >>> monitor = Monitor("doc", sinks=[])
@@ -306,6 +314,7 @@ class Monitor:
                     slices=slices if slices is not None else current_slice_labels(),
                     slice_index=self._slice_index,
                     reward_functions=reward_functions if reward_functions is not None else current_reward_functions(),
+                    group_normalized=group_normalized,
                 )
         except ObservationError as error:
             self._report([error.problem])
@@ -457,6 +466,7 @@ class Monitor:
                     slices=call.inputs.get("slices"),
                     slice_index=self._slice_index,
                     reward_functions=call.inputs.get("reward_functions"),
+                    group_normalized=names.group_normalized,
                 )
         except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the estimator's
             call.problems.append(_internal_problem(exc))
@@ -635,11 +645,12 @@ def _matching_mask(call: ActiveCall, values: torch.Tensor) -> torch.Tensor | Non
 
 
 def _argument_names(names: dict[str, Any]) -> ArgumentNames:
-    unknown = set(names) - {"rewards", "mask", "groups", "group_size", "slices", "reward_functions"}
+    unknown = set(names) - {"rewards", "mask", "groups", "group_size", "slices", "reward_functions",
+                            "group_normalized"}
     if unknown:
         raise AdvmonConfigError(
             f"unknown argument name option(s) {sorted(unknown)}; expected rewards=, mask=, groups=, group_size=, "
-            "slices=, reward_functions="
+            "slices=, reward_functions=, group_normalized="
         )
     return ArgumentNames(**names)
 

@@ -60,6 +60,8 @@ class CallParts:
     stages: dict[str, list[Part]] = field(default_factory=dict)
     pre_norm_source: str | None = None
     groups: torch.Tensor | None = None
+    #: Whether the advantages were normalized within these groups (the group bound applies to them).
+    group_normalized: bool = True
     estimator_metrics: dict[str, float | torch.Tensor] = field(default_factory=dict)
     #: The worst groups (:func:`advmon.exemplars.worst_groups`, plus a ``key`` column), and how to name them.
     exemplars: torch.Tensor | None = None
@@ -275,6 +277,7 @@ def observe_inputs(
     slices: Any = None,
     slice_index: SliceIndex | None = None,
     reward_functions: Mapping[str, Any] | None = None,
+    group_normalized: bool = True,
 ) -> InputObservation:
     """Rewards, groups and the derived pre_norm of one call, from its inputs alone.
 
@@ -285,9 +288,12 @@ def observe_inputs(
     sample) and a run's ``slice_index``, for its per-slice sums too.
     ``reward_functions`` maps each reward function's (or component's) name to its
     per-sample rewards: stages ``rewards/<name>`` with the rewards' statistics.
+    Without ``group_normalized``, no group is beyond the group bound (the
+    estimator whitens over the batch; its groups are recorded all the same).
     """
-    seen = InputObservation(CallParts(estimator=estimator), groups=groups, group_size=group_size,
-                            exemplars=exemplars, bound_factor=bound_factor)
+    seen = InputObservation(CallParts(estimator=estimator, group_normalized=group_normalized), groups=groups,
+                            group_size=group_size, exemplars=exemplars,
+                            bound_factor=bound_factor if group_normalized else math.inf)
     seen.mask = _attempt(problems, lambda: as_tensor(mask, "mask"))
     functions = []
     for name, values in (reward_functions or {}).items():
@@ -408,6 +414,7 @@ def observe_call(
     slices: Any = None,
     slice_index: SliceIndex | None = None,
     reward_functions: Mapping[str, Any] | None = None,
+    group_normalized: bool = True,
 ) -> CallParts:
     """Observe one call at once (inputs and output); see :func:`observe_inputs`."""
     seen = observe_inputs(
@@ -424,6 +431,7 @@ def observe_call(
         slices=slices,
         slice_index=slice_index,
         reward_functions=reward_functions,
+        group_normalized=group_normalized,
     )
     return observe_output(seen, advantages=advantages, taps=taps, reward_range=reward_range, problems=problems)
 

@@ -6,7 +6,7 @@ are the contract that sinks, dashboards and alerts rely on:
 * ``rewards/{mean,std,min,max,count,nan_count,inf_count}`` (per sequence);
 * ``advantages/pre_norm/{...}`` and ``advantages/post_norm/{...}`` with
   :data:`advmon.stats.VALUE_KEYS`;
-* ``groups/{count,singleton_count,zero_std_count,zero_std_fraction,nonfinite_count,max_size}``
+* ``groups/{count,singleton_count,zero_std_count,zero_std_fraction,nonfinite_count,max_size,bound_size}``
   and, with a reward range, ``groups/{all_low_fraction,all_high_fraction}``;
 * ``estimator/<name>`` for metrics the estimator reports itself;
 * ``advmon/internal_errors``: problems advmon met so far in this run;
@@ -121,10 +121,17 @@ def stage_metrics(prefix: str, summary: Mapping[str, float], keys: tuple[str, ..
     return {f"{prefix}/{key}": float(summary.get(key, math.nan)) for key in keys}
 
 
-def group_metrics(totals: list[float] | None, reward_range: tuple[float, float] | None) -> dict[str, float]:
-    """Group metrics from :data:`GROUP_COUNT_FIELDS` totals summed over a step's calls."""
+def group_metrics(
+    totals: list[float] | None, reward_range: tuple[float, float] | None, bound_size: float = math.nan
+) -> dict[str, float]:
+    """Group metrics from :data:`GROUP_COUNT_FIELDS` totals summed over a step's calls.
+
+    ``bound_size`` is the largest group whose advantages were normalized within it
+    (0 when the step's estimators whiten over the batch): the ``G`` of the group bound.
+    """
     if totals is None:
         totals = [math.nan] * len(GROUP_COUNT_FIELDS)
+        bound_size = math.nan
     comparable = totals[_FIELD["with_two_finite"]]
     metrics = {
         "groups/count": totals[_FIELD["groups"]],
@@ -133,6 +140,7 @@ def group_metrics(totals: list[float] | None, reward_range: tuple[float, float] 
         "groups/zero_std_fraction": _ratio(totals[_FIELD["zero_std"]], comparable),
         "groups/nonfinite_count": totals[_FIELD["nonfinite"]],
         "groups/max_size": totals[_FIELD["max_size"]],
+        "groups/bound_size": bound_size,
     }
     if reward_range is not None:
         metrics["groups/all_low_fraction"] = _ratio(totals[_FIELD["all_low"]], comparable)

@@ -42,6 +42,7 @@ __all__ = [
     "PromContext",
     "Window",
     "abs_max_of",
+    "bound_size",
     "dashboard_link",
     "format_number",
     "Rule",
@@ -244,6 +245,17 @@ class Finding:
     active: bool
     value: float
     labels: tuple[tuple[str, str], ...] = ()
+
+
+def bound_size(metrics: Mapping[str, Any]) -> float:
+    """The ``G`` of the group bound: ``groups/bound_size``, or ``groups/max_size`` in records written before it.
+
+    Example:
+        >>> bound_size({"groups/max_size": 8.0, "groups/bound_size": 0.0}), bound_size({"groups/max_size": 8.0})
+        (0.0, 8.0)
+    """
+    value = metrics.get("groups/bound_size", metrics.get("groups/max_size", math.nan))
+    return math.nan if value is None else float(value)
 
 
 def _get(record: RecordLike, key: str) -> float:
@@ -504,14 +516,15 @@ def _eval_nonfinite_advantages(window: Window, t: Thresholds) -> list[Finding]:
 def _eval_group_bound(window: Window, t: Thresholds) -> list[Finding]:
     record = window[-1]
     value = abs_max_of(record.metrics)
-    bound = group_bound(_get(record, "groups/max_size"), t["group_bound_factor"])
+    bound = group_bound(bound_size(record.metrics), t["group_bound_factor"])
     limit = t["ungrouped_abs_max"] if math.isnan(bound) else bound
     return _single(value > limit, value)
 
 
 def bound_promql(t: Thresholds, ctx: PromContext) -> str:
-    """The per-run bound on |A| as PromQL: the group bound where a step has groups, else ``ungrouped_abs_max``."""
-    size = ctx.metric("advmon_group_max_size")
+    """The per-run bound on |A| as PromQL: the group bound where a step's advantages were normalized within
+    groups, else ``ungrouped_abs_max``."""
+    size = ctx.metric("advmon_group_bound_size")
     grouped = f"({size} >= 2)"
     fallback = f"({format_number(t['ungrouped_abs_max'])} + 0 * {ctx.metric('advmon_updates_total')})"
     return f"(({format_number(t['group_bound_factor'])} * {grouped} / sqrt({grouped} - 1)) or on (job, instance, run) {fallback})"

@@ -234,3 +234,84 @@ def test_in_process_dashboard_links_open_on_the_firing_record():
     assert message.dashboard_link == expected and f"Dashboard: {expected}" in message.text
     payload = SlackNotifier.__new__(SlackNotifier).payload(message)
     assert payload["attachments"][0]["title_link"] == expected
+
+
+def test_batch_whitened_groups_are_recorded_but_not_held_to_the_group_bound():
+    """REINFORCE++-style whitening over the batch with groups of 2: one |A| of about 8 is a Gaussian tail,
+    not a broken normalization (the bound 3 x 2/sqrt(1) = 6 is for advantages normalized within groups)."""
+    import advmon
+    import torch
+
+    from .conftest import ListSink
+    from .reference import group_stats
+
+    rng = np.random.default_rng(7)
+    rewards = rng.normal(0.0, 1.0, 512)
+    rewards[:64] = 0.5  # 32 groups of two equal rewards: zero-std groups, recorded either way
+    rewards[300] = 9.0  # whitened: about 8 standard deviations
+    advantages = torch.from_numpy((rewards - rewards.mean()) / rewards.std())
+    assert 6.5 < float(advantages.abs().max()) < 10
+    keys = [i // 2 for i in range(512)]
+    records = {}
+    for normalized in (False, True):
+        sink = ListSink()
+        with advmon.Monitor(f"normalized-{normalized}", sinks=[sink]) as monitor:
+
+            @monitor.watch(groups=None, group_size=2, group_normalized=normalized)
+            def compute_advantage(rewards, mask=None):
+                return advantages
+
+            for step in range(3):
+                with monitor.step(step):
+                    compute_advantage(torch.from_numpy(rewards))
+        records[normalized] = sink.records
+    for normalized, recorded in records.items():
+        metrics = recorded[-1].metrics
+        for key, value in group_stats(rewards, keys).items():  # the groups are there all the same
+            assert metrics[key] == pytest.approx(value, nan_ok=True), key
+        assert metrics["groups/bound_size"] == (2.0 if normalized else 0.0)
+        reasons = {entry["reason"] for entry in recorded[-1].exemplars}
+        assert ("beyond_bound" in reasons) == normalized
+        fired = {o.alert for o in evaluate_records(recorded)}
+        assert ("AdvmonAdvantageBeyondGroupBound" in fired) == normalized, fired
+
+
+def test_group_normalized_is_read_from_advmon_instrument():
+    from advmon.environment import parse_targets
+    from advmon.errors import AdvmonConfigError
+
+    target, plain = parse_targets("my.module:Reinforce(group_normalized=false); my.module:GRPO")
+    assert target.names.group_normalized is False and plain.names.group_normalized is True
+    with pytest.raises(AdvmonConfigError, match="group_normalized must be true or false"):
+        parse_targets("my.module:Reinforce(group_normalized=maybe)")
+
+
+def test_nemo_rl_reinforce_plus_plus_records_its_groups_without_the_group_bound():
+    """NeMo-RL's Reinforce++ subtracts a per-prompt mean, then normalizes globally across valid tokens."""
+    import types
+
+    import advmon
+    import torch
+
+    import advmon.integrations.nemo_rl as advmon_nemo
+
+    from .conftest import ListSink
+
+    class ReinforcePlusPlusAdvantageEstimator:
+        def compute_advantage(self, prompt_ids, rewards, mask, **kwargs):
+            means = torch.stack([rewards[prompt_ids == p].mean() for p in prompt_ids])
+            advantages = (rewards - means).unsqueeze(-1) * mask
+            valid = advantages[mask > 0]
+            return (advantages - valid.mean()) / valid.std() * mask
+
+    sink = ListSink()
+    monitor = advmon.Monitor("nemo-reinforce", sinks=[sink])
+    advmon_nemo.instrument(monitor, module=types.SimpleNamespace(
+        ReinforcePlusPlusAdvantageEstimator=ReinforcePlusPlusAdvantageEstimator))
+    prompts = torch.arange(16).repeat_interleave(4)
+    rewards = torch.from_numpy(np.random.default_rng(3).integers(0, 2, 64).astype(np.float32))
+    ReinforcePlusPlusAdvantageEstimator().compute_advantage(prompts, rewards, torch.ones(64, 5))
+    monitor.close()
+    metrics = sink.records[-1].metrics
+    assert metrics["groups/count"] == 16 and metrics["groups/max_size"] == 4
+    assert metrics["groups/bound_size"] == 0.0

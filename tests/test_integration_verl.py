@@ -87,13 +87,15 @@ def test_outputs_unchanged_one_record_per_call_statistics_equal_numpy(name, inst
     keys = list(data.non_tensor_batch["uid"])
     if name in advmon_verl._UNGROUPED_ESTIMATORS:
         assert record.metrics["groups/count"] == 0
-        if name != "gae":  # GAE's pre_norm is what it whitens (test_gae_pre_whitening_values_are_its_pre_norm)
-            assert_stats_close(record.metrics, value_stats(derived_pre_norm(rewards)), "advantages/pre_norm/")
-    else:
+        assert record.metrics["groups/bound_size"] == 0
+    else:  # every estimator verl passes the uids to: its groups are recorded (issue 19, item 5)
         for key, value in group_stats(rewards, keys, (0.0, 1.0)).items():
             assert record.metrics[key] == pytest.approx(value, nan_ok=True), key
         assert record.metrics["groups/zero_std_count"] >= 1
         assert_stats_close(record.metrics, value_stats(derived_pre_norm(rewards, keys)), "advantages/pre_norm/")
+        # The group bound applies to group-normalized advantages only, not to batch-whitened ones.
+        whitened = name in advmon_verl._BATCH_WHITENED_ESTIMATORS
+        assert record.metrics["groups/bound_size"] == (0 if whitened else record.metrics["groups/max_size"])
 
 
 def instrumented_monitor(records):
@@ -189,7 +191,7 @@ def test_data_source_slices_every_record(name, instrumented):
     out = ray_trainer.compute_advantage(data, adv_estimator=name, config=config)
     record = instrumented[-1]
     rewards = data.batch["token_level_rewards"].sum(-1).numpy().astype(np.float64)
-    grouped = name not in advmon_verl._UNGROUPED_ESTIMATORS
+    grouped = name not in advmon_verl._UNGROUPED_ESTIMATORS  # REINFORCE++ included: verl passes it the uids
     keys = list(data.non_tensor_batch["uid"]) if grouped else None
     expected = slice_stats([s.replace("/", "_") for s in sources], rewards, keys,
                            out.batch["advantages"].numpy(), data.batch["response_mask"].numpy())

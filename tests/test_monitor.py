@@ -34,7 +34,8 @@ from .reference import (
     value_stats,
 )
 
-GROUP_KEYS = ("count", "singleton_count", "zero_std_count", "zero_std_fraction", "nonfinite_count", "max_size")
+GROUP_KEYS = ("count", "singleton_count", "zero_std_count", "zero_std_fraction", "nonfinite_count", "max_size",
+              "bound_size")
 
 
 def grpo_batch(groups=6, size=8, tokens=20, seed=0, nan_rewards=0):

@@ -160,6 +160,7 @@ def _gauges() -> list[tuple[str, str, dict[str, str]]]:
         ("groups/zero_std_fraction", "advmon_zero_std_group_ratio", {}),
         ("groups/count", "advmon_groups", {}),
         ("groups/max_size", "advmon_group_max_size", {}),
+        ("groups/bound_size", "advmon_group_bound_size", {}),
     ]
     return gauges
 
@@ -312,6 +313,7 @@ def _healthy(step: int) -> dict[str, float]:
         "groups/zero_std_fraction": 0.35 + wiggle,
         "groups/count": 64.0,
         "groups/max_size": 8.0,
+        "groups/bound_size": 8.0,
         "advmon/internal_errors": 0.0,
         "advmon/sink_errors/mlflow": 0.0,
         "advmon/dropped_records/mlflow": 0.0,
@@ -443,10 +445,57 @@ def promtool_tests(settings: AlertSettings, rules_path: str = f"../{RULES_FILE}"
                 ],
             }
         )
+    whitened = _batch_whitened_test(settings)
+    if whitened is not None:
+        tests.append(whitened)
     return {
         "rule_files": [rules_path],
         "evaluation_interval": format_duration(interval),
         "tests": tests,
+    }
+
+
+def _batch_whitened_test(settings: AlertSettings) -> dict[str, Any] | None:
+    """Groups of 2 and |A| between their group bound and ``ungrouped_abs_max``: fires only where the
+    advantages were normalized within the groups (``groups/bound_size``), not where the estimator
+    whitened them over the batch (REINFORCE++), whose Gaussian tails reach such values.
+
+    ``None`` when the thresholds leave no such gap, or the rule is not generated.
+    """
+    from advmon.alerts.evaluator import firing_by_step
+
+    rule = next((r for r in settings.rules() if r.name == "AdvmonAdvantageBeyondGroupBound"), None)
+    t, interval, extra = settings.thresholds, settings.interval_seconds, settings.selector_labels
+    low, high = group_bound(2, t["group_bound_factor"]), t["ungrouped_abs_max"]
+    if rule is None or rule.evaluate is None or not low < high:
+        return None
+    runs = {}
+    for run, bound_size in (("whitened-run", 0.0), ("normalized-run", 2.0)):
+        runs[run] = [
+            _Sample(run, step, {**_healthy(step), "groups/max_size": 2.0, "groups/bound_size": bound_size,
+                                "advantages/post_norm/max": (low + high) / 2}, time=(step + 1) * interval)
+            for step in range(4)
+        ]
+    last = {run: firing_by_step(samples, t, [rule])[-1] for run, samples in runs.items()}
+    if last["whitened-run"] or not last["normalized-run"]:  # pragma: no cover - the evaluator decides as documented
+        raise AssertionError(f"the group bound should fire on normalized groups only: {last}")
+    record = runs["normalized-run"][-1]
+    expected = []
+    for _, labels in sorted(last["normalized-run"]):
+        annotations = settings.annotations(rule)
+        annotations["description"] = rule.render_description(
+            "normalized-run", _fired_value(runs["normalized-run"], t, rule, labels), record.step, dict(labels), t)
+        expected.append({"exp_labels": {"severity": rule.severity, "run": "normalized-run", **extra, **dict(labels)},
+                         "exp_annotations": annotations})
+    series = {name: values for run, samples in runs.items()
+              for name, values in series_from_records(samples, run, extra).items()}
+    return {
+        "name": f"{rule.name} judges |A| against the group bound only where advantages were normalized within groups",
+        "interval": format_duration(interval),
+        "input_series": [{"series": text, "values": promtool_values(v)} for text, v in series.items()],
+        # One alert expected in all: the whitened run's |A| must not fire.
+        "alert_rule_test": [{"eval_time": format_duration(len(runs["normalized-run"]) * interval),
+                             "alertname": rule.name, "exp_alerts": expected}],
     }
 
 

@@ -43,7 +43,8 @@ ESTIMATORS: dict[str, ArgumentNames] = {
     "GRPOAdvantageEstimator": ArgumentNames(slices=_TASKS),
     # GDPO's reward components are the batch's reward/<name> keys.
     "GDPOAdvantageEstimator": ArgumentNames(slices=_TASKS, reward_functions="repeated_batch:reward/"),
-    "ReinforcePlusPlusAdvantageEstimator": ArgumentNames(slices=_TASKS),
+    # Reinforce++ normalizes over the whole batch: its groups are recorded, not a bound on |A|.
+    "ReinforcePlusPlusAdvantageEstimator": ArgumentNames(slices=_TASKS, group_normalized=False),
     "RawRewardAdvantageEstimator": ArgumentNames(slices=_TASKS),
     "GeneralizedAdvantageEstimator": ArgumentNames(slices=_TASKS),
     "OPDAdvantageEstimator": ArgumentNames(rewards=None, slices=_TASKS),

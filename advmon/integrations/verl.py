@@ -40,8 +40,14 @@ __all__ = ["current_step", "install", "instrument", "is_instrumented", "uninstru
 
 #: verl's names for the inputs advmon reads.
 GROUPED = ArgumentNames(rewards="token_level_rewards", mask="response_mask", groups="index")
+#: Estimators that get the uids as every registered one does, but whiten their advantages over the
+#: batch (REINFORCE++, with or without its group baseline; GDPO's last step) or subtract a
+#: baseline (ReMax): their groups are recorded, and |A| is not judged against the group bound.
+BATCH_WHITENED = ArgumentNames(rewards="token_level_rewards", mask="response_mask", groups="index",
+                               group_normalized=False)
 UNGROUPED = ArgumentNames(rewards="token_level_rewards", mask="response_mask", groups=None)
-_UNGROUPED_ESTIMATORS = {"gae", "reinforce_plus_plus", "remax"}
+_UNGROUPED_ESTIMATORS = {"gae"}  # verl calls GAE with values, not uids
+_BATCH_WHITENED_ESTIMATORS = {"reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gdpo"}
 
 _lock = threading.Lock()
 _installed: dict[str, Any] | None = None
@@ -55,7 +61,9 @@ def current_step() -> int:
 
 
 def _names_for(name: str) -> ArgumentNames:
-    return UNGROUPED if name in _UNGROUPED_ESTIMATORS else GROUPED
+    if name in _UNGROUPED_ESTIMATORS:
+        return UNGROUPED
+    return BATCH_WHITENED if name in _BATCH_WHITENED_ESTIMATORS else GROUPED
 
 
 def instrument(monitor: Monitor | None = None) -> Monitor:

@@ -163,6 +163,8 @@ class AdvmonCollector:
             ("advmon_zero_std_group_ratio", "groups/zero_std_fraction", "Fraction of groups whose rewards are all equal"),
             ("advmon_groups", "groups/count", "Prompt groups in the last step"),
             ("advmon_group_max_size", "groups/max_size", "Samples in the largest prompt group of the last step"),
+            ("advmon_group_bound_size", "groups/bound_size",
+             "Largest group whose advantages were normalized within it, the G of the group bound (0: none)"),
             ("advmon_group_all_fail_ratio", "groups/all_low_fraction", "Fraction of groups whose rewards are all <= the low end"),
             ("advmon_group_all_pass_ratio", "groups/all_high_fraction", "Fraction of groups whose rewards are all >= the high end"),
         ):
