@@ -19,7 +19,8 @@ from verl.trainer.ppo import core_algos, ray_trainer  # noqa: E402
 
 import advmon.integrations.verl as advmon_verl  # noqa: E402
 
-ESTIMATORS = ["grpo", "gae", "rloo", "reinforce_plus_plus", "grpo_vectorized", "opo", "gpg", "gdpo"]
+ESTIMATORS = ["grpo", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "grpo_vectorized",
+              "opo", "gpg", "gdpo"]
 GROUP = 4
 
 
@@ -34,6 +35,7 @@ def batch(seed: int = 0, prompts: int = 6, length: int = 12) -> DataProto:
     rewards[np.arange(size), lengths - 1] = scores  # outcome reward on the last token
     uid = np.array([f"prompt-{i // GROUP}" for i in range(size)], dtype=object)
     prompt_length = 5
+    format_scores = (rng.random(size) < 0.8).astype(np.float64)
     return DataProto.from_dict(
         tensors={
             "token_level_rewards": torch.from_numpy(rewards),
@@ -46,14 +48,17 @@ def batch(seed: int = 0, prompts: int = 6, length: int = 12) -> DataProto:
         non_tensors={
             "uid": uid,
             "accuracy": scores.astype(np.float64),
-            "format": (rng.random(size) < 0.8).astype(np.float64),
+            "format": format_scores,
         },
     )
 
 
 def run_estimator(name: str, seed: int = 0) -> DataProto:
     config = AlgoConfig(gamma=1.0, lam=1.0, adv_estimator=name, gdpo_reward_keys=["accuracy", "format"])
-    return ray_trainer.compute_advantage(batch(seed), adv_estimator=name, config=config)
+    data = batch(seed)
+    if name == "remax":  # its baselines, the greedy rollouts' rewards (verl passes them to every estimator)
+        data.batch["reward_baselines"] = torch.from_numpy(np.random.default_rng(seed + 100).random(len(data)).astype(np.float32))
+    return ray_trainer.compute_advantage(data, adv_estimator=name, config=config)
 
 
 @pytest.fixture
