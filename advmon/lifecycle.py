@@ -31,6 +31,7 @@ __all__ = [
     "EXIT_TIMEOUT_VARIABLE",
     "close_all",
     "close_all_again_at_exit",
+    "close_in_background",
     "current_default",
     "default_monitor",
     "exit_budget",
@@ -52,6 +53,7 @@ _default: Any = None
 _default_factory: Callable[..., Any] | None = None
 _by_run: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _lock = threading.RLock()  # the factory runs under it, and a new monitor registers its run
+_closing: set[threading.Thread] = set()  # closes started by close_in_background, not finished yet
 
 
 def track(closable: Any) -> None:
@@ -83,6 +85,42 @@ def close_all(budget: float | None = None) -> None:
             closable.close(timeout=max(deadline - time.monotonic(), 0.0))
         except Exception:  # noqa: BLE001, S110 - never fail the interpreter's exit
             pass
+    with _lock:
+        closing = list(_closing)
+    for thread in closing:  # collected monitors still delivering: within the same budget
+        thread.join(max(deadline - time.monotonic(), 0.0))
+
+
+def close_in_background(close: Callable[[float], Any], timeout: float, name: str) -> None:
+    """Run ``close(timeout)`` on a daemon thread; :func:`close_all` waits for it at exit, within its budget.
+
+    This is how a monitor nobody closed is closed when it is garbage-collected. The
+    collection runs on whichever thread allocated last (the training loop's, as likely
+    as not), which must not wait for deliveries there; and while one thread's
+    collection runs finalizers, ``gc.collect()`` on every other thread returns at once
+    without collecting anything (CPython collects one thread at a time), so a finalizer
+    that blocked would keep other unreachable monitors, their threads and files alive.
+
+    Example:
+        >>> closed = threading.Event()
+        >>> close_in_background(lambda timeout: closed.set(), 1.0, "advmon-close-doc")
+        >>> closed.wait(5)
+        True
+    """
+
+    def run() -> None:
+        try:
+            close(timeout)
+        except Exception:  # noqa: BLE001, S110 - a daemon thread has no one to raise to; close() warns itself
+            pass
+        finally:
+            with _lock:
+                _closing.discard(thread)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    with _lock:
+        _closing.add(thread)
+    thread.start()
 
 
 def exit_budget() -> float:

@@ -172,9 +172,11 @@ class Monitor:
                 self.sinks.append(make_alert_sink(alerts, alert_thresholds))
         self._warned: set[str] = set()
         self._delivery = Delivery(self.sinks, self.run, policy, _weak_warner(self))
-        # A monitor nobody closes must not leak its threads and files: close its
-        # delivery when it is garbage-collected (interpreter exit has its own path).
-        self._finalizer = weakref.finalize(self, self._delivery.close, min(self.close_timeout, 2.0))
+        # A monitor nobody closes must not leak its threads and files: close its delivery
+        # when it is garbage-collected, on a thread of its own (lifecycle.close_in_background
+        # says why the collector must not wait); interpreter exit waits for it.
+        self._finalizer = weakref.finalize(self, lifecycle.close_in_background, self._delivery.close,
+                                           min(self.close_timeout, 2.0), f"advmon-close-{self.run}")
         self._finalizer.atexit = False
         replayable = [s for s in self.sinks if not getattr(s, "synchronous", False) and getattr(s, "replayable", True)]
         if replayable and not any(isinstance(sink, JsonlSink) for sink in self.sinks):
