@@ -26,7 +26,8 @@ from advmon.groups import GROUP_COUNT_FIELDS, merge_group_counts
 from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem
 from advmon.record import REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
 from advmon.slices import SLICE_FIELDS
-from advmon.stats import HostPart, pack, summarize
+from advmon.histograms import Histogram
+from advmon.stats import HostPart, pack, summarize, summarize_with_histogram
 
 __all__ = [
     "CORE_STAGES",
@@ -44,6 +45,8 @@ _ABS_MAX = SLICE_FIELDS.index("advantage_abs_max")
 MAX_SIZE = GROUP_COUNT_FIELDS.index("max_size")
 #: Stages whose keys every record carries, in this order.
 CORE_STAGES = ("pre_norm", "post_norm")
+#: Stages whose distributions a record carries (``Monitor(histograms=True)``).
+HISTOGRAM_STAGES = CORE_STAGES
 
 
 @dataclass
@@ -197,8 +200,19 @@ def gather_ranks(local: StepParts) -> StepParts | None:
     return merged
 
 
-def summaries_of(step: StepParts) -> dict[str, dict[str, float]]:
-    return {stage: summarize(parts) for stage, parts in step.stages.items()}
+def summaries_of(
+    step: StepParts, histogram_stages: Sequence[str] = ()
+) -> tuple[dict[str, dict[str, float]], dict[str, Histogram]]:
+    """Each stage's statistics, and the histograms of ``histogram_stages`` (read from the same sketches)."""
+    summaries, histograms = {}, {}
+    for stage, parts in step.stages.items():
+        if stage in histogram_stages:
+            summaries[stage], histogram = summarize_with_histogram(parts)
+            if histogram is not None:
+                histograms[stage] = histogram
+        else:
+            summaries[stage] = summarize(parts)
+    return summaries, histograms
 
 
 def record_problems(summaries: dict[str, dict[str, float]], step: StepParts) -> list[Problem]:

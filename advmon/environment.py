@@ -20,6 +20,8 @@ instrument, so nothing in the worker's code has to change:
                            ``(rewards=...,mask=...,groups=...,group_size=N,slices=...,
                            reward_functions=...,group_normalized=false)``; or ``verl``
 ``ADVMON_EXEMPLARS``       worst groups per record (default 5; ``0``: none)
+``ADVMON_HISTOGRAMS``      ``0``: records carry no advantage histograms (default: when a
+                           sink takes them)
 ``ADVMON_STRICT``          ``1``: raise advmon's own errors (tests)
 ``ADVMON_ALL_RANKS``       ``1``: record on every rank, not only rank 0
 ``ADVMON_EXIT_TIMEOUT``    seconds interpreter exit may spend delivering (default 5)
@@ -118,6 +120,11 @@ def monitor_settings(environ: Mapping[str, str] | None = None, run: str | None =
             settings["exemplars"] = int(text)
         except ValueError:
             raise AdvmonConfigError(f"ADVMON_EXEMPLARS must be a whole number (0 turns them off), got {text!r}") from None
+    text = environ.get("ADVMON_HISTOGRAMS", "").strip()
+    if text:
+        if text not in ("0", "1"):
+            raise AdvmonConfigError(f"ADVMON_HISTOGRAMS must be 0 or 1, got {text!r}")
+        settings["histograms"] = text == "1"
     settings["strict"] = flag(environ, "ADVMON_STRICT")
     settings["all_ranks"] = flag(environ, "ADVMON_ALL_RANKS")
     settings["per_process"] = flag(environ, "ADVMON_PER_PROCESS")

@@ -112,6 +112,11 @@ class Monitor:
         max_slices: distinct slice labels (``watch(slices=...)``, ``observe(slices=...)``)
             that keep their own ``slices/<label>/...`` keys in this run; later ones are
             folded into ``slices/other/...`` and counted in ``slices/folded_labels``.
+        histograms: whether records carry the pre- and post-norm advantages'
+            distributions (``Record.histograms``: at most 64 bins from the statistics'
+            own histogram). Default: when a sink draws or keeps them (JSONL,
+            TensorBoard, W&B); ``ADVMON_HISTOGRAMS=0`` turns them off for the
+            process-wide monitor.
 
     Example:
         >>> import torch, tempfile, os
@@ -145,6 +150,7 @@ class Monitor:
         alert_thresholds: Mapping[str, float] | None = None,
         exemplars: int = 5,
         max_slices: int = 16,
+        histograms: bool | None = None,
     ) -> None:
         if step_source is not None and not callable(step_source):
             raise AdvmonConfigError(f"step_source must be a callable returning the training step, got {step_source!r}")
@@ -171,6 +177,10 @@ class Monitor:
             if alerts:
                 self.sinks.append(make_alert_sink(alerts, alert_thresholds))
         self._warned: set[str] = set()
+        if histograms is not None and not isinstance(histograms, bool):
+            raise AdvmonConfigError(f"histograms must be True, False or None (when a sink takes them), got {histograms!r}")
+        #: Whether records carry histograms (``None``: whether a sink takes them).
+        self.histograms = any(getattr(s, "histograms", False) for s in self.sinks) if histograms is None else histograms
         self._delivery = Delivery(self.sinks, self.run, policy, _weak_warner(self))
         # A monitor nobody closes must not leak its threads and files: close its delivery
         # when it is garbage-collected, on a thread of its own (lifecycle.close_in_background
@@ -564,7 +574,7 @@ class Monitor:
                 return None  # another rank emits; or no rank recorded anything this step
         else:
             parts = assembly.collect(calls)
-        summaries = assembly.summaries_of(parts)
+        summaries, histograms = assembly.summaries_of(parts, assembly.HISTOGRAM_STAGES if self.histograms else ())
         self._report(assembly.record_problems(summaries, parts), quiet=quiet)
         metrics = assembly.assemble(summaries, parts, self.reward_range)
         if parts.slices:
@@ -579,6 +589,7 @@ class Monitor:
             pre_norm_source=assembly.combined_source(parts.sources),
             metrics=metrics,
             exemplars=assembly.worst_first(parts.exemplars, self.exemplars),
+            histograms=histograms,
         )
 
     # ------------------------------------------------------------------ problems

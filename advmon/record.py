@@ -14,7 +14,9 @@ are the contract that sinks, dashboards and alerts rely on:
   seen in the step, and ``slices/folded_labels``.
 
 Beside the metrics, ``exemplars`` lists the step's worst prompt groups
-(``Monitor(exemplars=k)``; docs/drilldown.md), worst first.
+(``Monitor(exemplars=k)``; docs/drilldown.md), worst first, and ``histograms``
+holds the pre- and post-norm advantages' distributions (``Monitor(histograms=...)``;
+:mod:`advmon.histograms`).
 
 Unavailable values are ``nan`` in memory and ``null`` in JSON.
 """
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from advmon.groups import GROUP_COUNT_FIELDS
+from advmon.histograms import Histogram
 from advmon.stats import VALUE_KEYS
 
 __all__ = [
@@ -68,9 +71,12 @@ class Record:
     metrics: dict[str, float] = field(default_factory=dict)
     #: The step's worst groups, worst first: plain dicts (``group``, ``reason``, ``size``, rewards', advantages' values).
     exemplars: list[dict[str, Any]] = field(default_factory=list)
+    #: The distribution of each stage's finite values (``pre_norm``, ``post_norm``), at most 64 bins.
+    histograms: dict[str, Histogram] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; NaN and infinities become ``None``. ``exemplars`` appears when there are any."""
+        """JSON-ready dict; NaN and infinities become ``None``. ``exemplars`` and ``histograms`` appear when
+        there are any (a histogram as its first edge, width and counts)."""
         data = {
             "run": self.run,
             "step": self.step,
@@ -84,6 +90,8 @@ class Record:
                 {key: _json_number(value) if isinstance(value, float) else value for key, value in entry.items()}
                 for entry in self.exemplars
             ]
+        if self.histograms:
+            data["histograms"] = {stage: histogram.to_dict() for stage, histogram in self.histograms.items()}
         return data
 
     def to_json(self) -> str:
@@ -109,6 +117,7 @@ class Record:
                 {key: math.nan if value is None else value for key, value in entry.items()}
                 for entry in data.get("exemplars") or []
             ],
+            histograms={stage: Histogram.from_dict(h) for stage, h in (data.get("histograms") or {}).items()},
         )
 
 
@@ -119,6 +128,16 @@ def _json_number(value: float) -> float | None:
 def stage_metrics(prefix: str, summary: Mapping[str, float], keys: tuple[str, ...] = VALUE_KEYS) -> dict[str, float]:
     """``{prefix/key: value}`` for the given statistics (``nan`` where missing)."""
     return {f"{prefix}/{key}": float(summary.get(key, math.nan)) for key in keys}
+
+
+def histogram_key(stage: str) -> str:
+    """Where sinks that draw distributions (TensorBoard, W&B) put a stage's histogram.
+
+    Example:
+        >>> histogram_key("post_norm")
+        'histograms/advantages/post_norm'
+    """
+    return f"histograms/advantages/{stage}"
 
 
 def group_metrics(

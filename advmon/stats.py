@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from advmon.device_sketch import device_part
+from advmon.histograms import Histogram, coarsened
 from advmon.devices import attempt_triton, path_for, statistics_path, sync_free
 from advmon.prefix_sketch import RowExtremes, indicator_chunks, prefix_lengths, prefix_part
 from advmon.sketch_format import (
@@ -88,6 +89,7 @@ __all__ = [
     "statistics_path",
     "statistics_threads",
     "summarize",
+    "summarize_with_histogram",
     "value_part",
 ]
 
@@ -556,6 +558,29 @@ def summarize(parts: Iterable[Part | HostPart]) -> dict[str, float]:
     return _sketch_summary(host_parts)
 
 
+def summarize_with_histogram(parts: Iterable[Part | HostPart]) -> tuple[dict[str, float], Histogram | None]:
+    """:func:`summarize`, and the finite values' distribution in at most 64 bins (:mod:`advmon.histograms`).
+
+    The histogram is the one the percentiles are read from, merged over the parts and
+    coarsened (exact parts, small, are binned the same way); ``None`` without a finite value.
+
+    Example:
+        >>> summary, histogram = summarize_with_histogram([value_part(torch.tensor([0.0, 1.0, 1.0, 3.0]))])
+        >>> summary["mean"], histogram.total, histogram.start <= 0.0, histogram.edges()[-1] > 3.0
+        (1.25, 4.0, True, True)
+    """
+    host_parts = [p if isinstance(p, HostPart) else to_host(p) for p in parts]
+    if host_parts and all(p.kind == "exact" for p in host_parts):
+        values = np.concatenate([p.arrays[0] for p in host_parts])
+        weights = np.concatenate([p.arrays[1] for p in host_parts])
+        summary = _exact_summary(values, weights)
+        if not summary["count"] > summary["nan_count"] + summary["inf_count"]:
+            return summary, None
+        return summary, coarsened(*_merged_histogram(host_parts, summary["min"], summary["max"]))
+    summary, merged = _sketch_summary_and_histogram(host_parts)
+    return summary, None if merged is None else coarsened(*merged)
+
+
 def to_host(part: Part) -> HostPart:
     """Transfer one part (convenience for tests and single-part use)."""
     return HostPart(part.kind, tuple(pack(part.tensors)))
@@ -642,12 +667,19 @@ def _lerp(a: float, b: float, t: float) -> float:
 
 
 def _sketch_summary(parts: list[HostPart]) -> dict[str, float]:
+    return _sketch_summary_and_histogram(parts)[0]
+
+
+def _sketch_summary_and_histogram(
+    parts: list[HostPart],
+) -> tuple[dict[str, float], tuple[int, np.ndarray, int] | None]:
+    """The summary, and the merged histogram it read its percentiles from (``None``: no finite value)."""
     moments = [_moments(part) for part in parts]
     totals = np.sum([m[_ADDITIVE] for m in moments], axis=0) if moments else np.zeros(_ABSSUM + 1)
     summary = _empty_summary(float(totals[_N_VALID]), float(totals[_N_NAN]), float(totals[_N_INF]))
     n = float(totals[_N_FINITE])
     if n == 0:
-        return summary
+        return summary, None
     with_values = [m for m in moments if m[_N_FINITE] > 0]
     low = min(m[_MIN] for m in with_values)
     high = max(m[_MAX] for m in with_values)
@@ -666,7 +698,7 @@ def _sketch_summary(parts: list[HostPart]) -> dict[str, float]:
     )
     level, counts, first = _merged_histogram(parts, low, high)
     summary.update(_histogram_percentiles(n, counts, first, level, low, high))
-    return summary
+    return summary, (level, counts, first)
 
 
 def _moments(part: HostPart) -> np.ndarray:

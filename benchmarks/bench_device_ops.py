@@ -123,13 +123,13 @@ def host_share(repeats: int) -> list[str]:
 
     def record():
         collected = assembly.collect([parts])
-        assembly.assemble(assembly.summaries_of(collected), collected, None)
+        assembly.assemble(assembly.summaries_of(collected)[0], collected, None)
 
     lines = [
         "the host's share (NumPy and Python, the same on a GPU), 1 thread:",
         f"  exact statistics of 4096 unweighted values  {median_us(lambda: stats._exact_summary(values, ones), repeats):7.0f} us",
         f"  exact statistics of 4096 weighted values    {median_us(lambda: stats._exact_summary(values, counts), repeats):7.0f} us",
-        f"  a GRPO record's three summaries (B=4096)     {median_us(lambda: assembly.summaries_of(step), repeats):7.0f} us",
+        f"  a GRPO record's three summaries (B=4096)     {median_us(lambda: assembly.summaries_of(step)[0], repeats):7.0f} us",
         f"  ... with packing and assembling the record  {median_us(record, repeats):7.0f} us",
     ]
     for path in (None, "torch"):

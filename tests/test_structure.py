@@ -84,7 +84,7 @@ def test_the_layers_point_down():
     graph = import_graph()
     maths = ("advmon.stats", "advmon.groups", "advmon.prefix_sketch", "advmon.sketch_format", "advmon.devices",
              "advmon.device_sketch", "advmon.triton_sketch", "advmon.triton_groups",
-             "advmon.exemplars", "advmon.row_summaries", "advmon.slices")
+             "advmon.exemplars", "advmon.row_summaries", "advmon.slices", "advmon.histograms")
     for module in maths:
         assert not {m for m in graph[module] if m not in maths}, module
     drilldown = ("advmon.exemplars", "advmon.row_summaries", "advmon.slices")

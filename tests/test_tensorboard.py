@@ -101,3 +101,24 @@ def test_report_and_compare_read_tensorboard_runs_and_all_sinks_agree(tmp_path):
     # statistic that differs only by float32 rounding: compare runs read from the same kind of source).
     assert cli(["compare", f"tb+{tmp_path / 'tb' / 'tb-read'}", f"tb+{tmp_path / 'tb' / 'tb-read'}"]) == 0
     assert cli(["report", f"tb+{tmp_path / 'missing'}"]) == 2
+
+
+def test_histograms_are_tensorboards_raw_histograms(tmp_path):
+    """Each record's advantage histograms, read back as TensorBoard's own histogram events."""
+    monitor = advmon.Monitor("tb-hist", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), f"tensorboard:{tmp_path / 'tb'}"])
+    run_grpo_steps(monitor, range(3))
+    monitor.close()
+    records = advmon.read_jsonl(tmp_path / "r.jsonl")
+    accumulator = EventAccumulator(str(tmp_path / "tb" / "tb-hist"), size_guidance={"histograms": 0})
+    accumulator.Reload()
+    assert set(accumulator.Tags()["histograms"]) == {"histograms/advantages/pre_norm", "histograms/advantages/post_norm"}
+    for stage in ("pre_norm", "post_norm"):
+        events = {event.step: event.histogram_value for event in accumulator.Histograms(f"histograms/advantages/{stage}")}
+        assert sorted(events) == [r.step for r in records]
+        for record in records:
+            histogram, read = record.histograms[stage], events[record.step]
+            assert list(read.bucket_limit) == histogram.edges()[1:]  # powers of two: exact in TensorBoard's doubles
+            assert list(read.bucket) == list(histogram.counts)
+            assert read.num == histogram.total
+            assert read.min == record.metrics[f"advantages/{stage}/min"]
+            assert read.max == record.metrics[f"advantages/{stage}/max"]

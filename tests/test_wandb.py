@@ -192,3 +192,23 @@ def test_exemplars_go_to_a_table_at_troubled_steps_and_every_n(tmp_path, offline
         assert back[step].exemplars[0]["reward_nan_count"] == records[step].exemplars[0]["reward_nan_count"]
     assert back[1].exemplars == [] and not any(k.startswith("advmon/exemplars") for k in back[5].metrics)
     assert json.loads((path.parent / "files" / tables[5]).read_text())["data"][0][2] == "nonfinite_rewards"
+
+
+def test_histograms_land_in_the_wandb_file_as_wandb_histograms(tmp_path, offline_wandb):
+    monitor = advmon.Monitor("wb-hist", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"),
+                                               WandbSink(project="advmon-test", dir=str(tmp_path))])
+    estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
+    for step in (1, 2):
+        with monitor.step(step):
+            estimator.compute_advantage(*grpo_batch(seed=step))
+    monitor.close()
+    records = advmon.read_jsonl(tmp_path / "r.jsonl")
+    rows = history_rows(run_file(tmp_path))
+    assert [row["advmon/step"] for row in rows] == [1, 2]
+    for record, row in zip(records, rows):
+        for stage in ("pre_norm", "post_norm"):
+            key, histogram = f"histograms/advantages/{stage}", record.histograms[stage]  # W&B nests its fields
+            assert row[f"{key}/_type"] == "histogram"
+            assert row[f"{key}/bins"] == histogram.edges() and row[f"{key}/values"] == list(histogram.counts)
+    definitions = {d.glob_name or d.name: d for d in metric_definitions(run_file(tmp_path))}
+    assert definitions["histograms/*"].step_metric == "advmon/step"

@@ -35,6 +35,8 @@ class JsonlSink(Sink):
     """
 
     name = "jsonl"
+    #: Records carry their advantages' histograms for it: the report draws them (a few hundred bytes a line).
+    histograms = True
     synchronous = True  # written first, on the training thread: the record of record
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

@@ -5,7 +5,10 @@ record becomes one event holding a scalar per metric key (the record's keys are
 the tags: ``advantages/post_norm/std`` is plotted as TensorBoard's
 ``advantages/post_norm/std``), at the record's step and time. The files are
 written by TensorBoard's own ``EventFileWriter`` (no TensorFlow, no torch) under
-``<dir>/<run>/``, and read back by its ``EventAccumulator``.
+``<dir>/<run>/``, and read back by its ``EventAccumulator``. A record's histograms
+(the pre- and post-norm advantages' distributions, :mod:`advmon.histograms`) go in
+the same event as raw histograms under ``histograms/advantages/<stage>``: the
+bins' right edges, their counts, and the stage's min, max, count and sums.
 
 TensorBoard stores a scalar as a float32 (``simple_value``): values keep 7
 significant digits there; the JSONL file keeps every digit. Non-finite values
@@ -20,7 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from advmon.record import Record
+from advmon.histograms import Histogram
+from advmon.record import Record, histogram_key
 from advmon.sinks.base import Sink, require
 
 __all__ = ["TensorBoardSink"]
@@ -42,6 +46,8 @@ class TensorBoardSink(Sink):
     """
 
     name = "tensorboard"
+    #: Records carry their advantages' histograms for it (TensorBoard's raw histogram).
+    histograms = True
 
     def __init__(self, log_dir: str | os.PathLike[str] = "advmon-runs/tensorboard") -> None:
         require("tensorboard", "tensorboard")
@@ -68,6 +74,8 @@ class TensorBoardSink(Sink):
         for record in records:
             values = [Summary.Value(tag=key, simple_value=value)
                       for key, value in record.metrics.items() if math.isfinite(value)]
+            values += [Summary.Value(tag=histogram_key(stage), histo=_raw_histogram(record, stage, histogram))
+                       for stage, histogram in record.histograms.items()]
             writer.add_event(Event(wall_time=record.time, step=record.step, summary=Summary(value=values)))
         writer.flush()
 
@@ -90,3 +98,23 @@ class TensorBoardSink(Sink):
 
     def __repr__(self) -> str:
         return f"TensorBoardSink({str(self.log_dir)!r})"
+
+
+def _raw_histogram(record: Record, stage: str, histogram: Histogram) -> Any:
+    """TensorBoard's raw histogram: each bin's right edge and count, with the stage's own extrema and sums."""
+    from tensorboard.compat.proto.summary_pb2 import HistogramProto
+
+    metrics = record.metrics
+    n = histogram.total
+    mean, std = metrics.get(f"advantages/{stage}/mean", math.nan), metrics.get(f"advantages/{stage}/std", math.nan)
+    edges = histogram.edges()
+    low, high = metrics.get(f"advantages/{stage}/min", math.nan), metrics.get(f"advantages/{stage}/max", math.nan)
+    return HistogramProto(
+        min=low if math.isfinite(low) else edges[0],
+        max=high if math.isfinite(high) else edges[-1],
+        num=n,
+        sum=mean * n if math.isfinite(mean) else 0.0,
+        sum_squares=(std * std + mean * mean) * n if math.isfinite(mean) and math.isfinite(std) else 0.0,
+        bucket_limit=edges[1:],
+        bucket=list(histogram.counts),
+    )

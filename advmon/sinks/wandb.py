@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from advmon.errors import AdvmonConfigError
-from advmon.record import EXEMPLAR_COLUMNS, ExemplarSchedule, Record, exemplar_rows
+from advmon.record import EXEMPLAR_COLUMNS, ExemplarSchedule, Record, exemplar_rows, histogram_key
 from advmon.sinks.base import Sink, require
 
 __all__ = ["WandbSink"]
@@ -31,7 +31,8 @@ __all__ = ["WandbSink"]
 STEP_KEY = "advmon/step"
 #: The W&B Table of a record's worst groups.
 EXEMPLARS_KEY = "advmon/exemplars"
-_STEPPED = ("rewards/*", "groups/*", "estimator/*", "advmon/internal_errors", "advmon/sink_errors/*", "advmon/dropped_records/*")
+_STEPPED = ("rewards/*", "groups/*", "estimator/*", "advmon/internal_errors", "advmon/sink_errors/*", "advmon/dropped_records/*",
+            "histograms/*")
 
 
 def _check_writable(directory: str | os.PathLike[str] | None) -> None:
@@ -69,6 +70,8 @@ class WandbSink(Sink):
     """
 
     name = "wandb"
+    #: Records carry their advantages' histograms for it (``wandb.Histogram``, under ``histograms/advantages/<stage>``).
+    histograms = True
     #: Delivered in bursts at most once a second: ``run.log`` is heavy Python, and one
     #: burst contends with the training thread for the GIL once, not at every record.
     delivery_interval = 1.0
@@ -120,6 +123,8 @@ class WandbSink(Sink):
             self._declared = True
         data: dict[str, Any] = {k: v for k, v in record.metrics.items() if math.isfinite(v)}
         data[STEP_KEY] = record.step
+        for stage, histogram in record.histograms.items():
+            data[histogram_key(stage)] = self._wandb.Histogram(np_histogram=(list(histogram.counts), histogram.edges()))
         if self._exemplars.due(record):
             data[EXEMPLARS_KEY] = self._wandb.Table(columns=list(EXEMPLAR_COLUMNS), data=exemplar_rows(record))
         run.log(data, commit=self._owned)

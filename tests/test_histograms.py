@@ -1,0 +1,124 @@
+"""Records' advantage histograms (issue 19, item 2): every bin against NumPy, on every path and layout."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import advmon
+from advmon.devices import statistics_path
+from advmon.histograms import MAX_BINS, coarsened
+
+from .conftest import ListSink
+from .sketches import prefix_mask
+
+
+def assert_histogram_matches(histogram, values: np.ndarray, weights: np.ndarray | None = None) -> None:
+    """The bins hold exactly the finite values (counted by their weights), with exact power-of-two edges."""
+    weights = np.ones(values.shape) if weights is None else weights
+    keep = np.isfinite(values) & (weights > 0)
+    values, weights = values[keep], weights[keep]
+    assert 1 <= len(histogram.counts) <= MAX_BINS
+    assert math.frexp(histogram.width)[0] == 0.5  # a power of two
+    edges = np.array(histogram.edges())
+    assert edges[0] <= values.min() < edges[1] and edges[-2] <= values.max() < edges[-1]
+    expected, _ = np.histogram(values, bins=edges, weights=weights)  # [a, b) bins; no value on the last edge
+    assert np.array_equal(np.array(histogram.counts), expected), (histogram.counts, expected)
+    assert histogram.counts[0] > 0 and histogram.counts[-1] > 0  # empty ends are dropped
+
+
+def grpo_like(seed: int, rows: int = 96, cols: int = 700):
+    rng = np.random.default_rng(seed)
+    rewards = torch.from_numpy(rng.integers(0, 3, rows) / 2.0)
+    grouped = rewards.view(-1, 8)
+    per_row = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).reshape(-1, 1)
+    lengths = rng.integers(1, cols + 1, rows)
+    return rewards, per_row, prefix_mask(lengths, cols), rng
+
+
+@pytest.mark.parametrize("path", ["cpu", "torch", "triton"])
+@pytest.mark.parametrize("layout", ["expand-view", "dense-prefix", "dense-random-mask", "per-sequence"])
+@pytest.mark.parametrize("sketched", [False, True], ids=["exact", "sketched"])
+def test_histograms_match_numpy(path, layout, sketched, monkeypatch):
+    from advmon import stats
+
+    if sketched:
+        monkeypatch.setattr(stats, "EXACT_LIMIT", 0)  # every tensor sketched, as a large one is
+    rewards, per_row, mask, rng = grpo_like(1)
+    if layout == "expand-view":
+        advantages = per_row.float().expand(mask.shape)
+    elif layout == "per-sequence":
+        advantages, mask = per_row[:, 0].float(), None
+    else:
+        if layout == "dense-random-mask":
+            mask = torch.from_numpy((rng.random(mask.shape) < 0.5).astype(np.float32))
+        advantages = (per_row + torch.from_numpy(rng.normal(0, 0.3, mask.shape))).float()
+        advantages[3, 0] = math.nan  # valid in every layout: counted apart, not binned
+        advantages[7, 1] = math.inf
+        advantages[11, 2] = 1e4  # an outlier stretches the range: wider bins, still exact counts
+    sink = ListSink()
+    with advmon.Monitor("histograms", sinks=[sink], histograms=True) as monitor, statistics_path(path):
+        monitor.observe(rewards=rewards, advantages=advantages, mask=mask, group_size=8)
+    record = sink.records[-1]
+    values = advantages.double().numpy()
+    weights = None if mask is None else (mask.numpy() > 0).astype(np.float64)
+    assert_histogram_matches(record.histograms["post_norm"], values.reshape(-1),
+                             None if weights is None else weights.reshape(-1))
+    assert record.histograms["post_norm"].total == record.metrics["advantages/post_norm/count"] - (
+        record.metrics["advantages/post_norm/nan_count"] + record.metrics["advantages/post_norm/inf_count"])
+    grouped = rewards.view(-1, 8)
+    pre_norm = (grouped - grouped.mean(1, keepdim=True)).reshape(-1).numpy()
+    assert_histogram_matches(record.histograms["pre_norm"], pre_norm)
+
+
+@settings(max_examples=150, deadline=None)
+@given(counts=st.lists(st.integers(0, 5), min_size=1, max_size=1100), first=st.integers(-3000, 3000),
+       level=st.integers(-40, 40), max_bins=st.integers(1, 64))
+def test_coarsened_bins_nest_and_keep_every_count(counts, first, level, max_bins):
+    histogram = coarsened(level, counts, first, max_bins)
+    if not any(counts):
+        assert histogram is None
+        return
+    assert len(histogram.counts) <= max_bins and histogram.total == sum(counts)
+    for k, count in enumerate(counts):  # each fine bin lies inside one coarse bin
+        left, right = math.ldexp(first + k, level), math.ldexp(first + k + 1, level)
+        i = math.floor((left - histogram.start) / histogram.width)
+        assert histogram.start + i * histogram.width <= left and right <= histogram.start + (i + 1) * histogram.width
+        assert count == 0 or histogram.counts[i] >= count
+
+
+def test_jsonl_keeps_them_compactly_and_reads_them_back(tmp_path):
+    rewards, per_row, mask, _ = grpo_like(2)
+    with advmon.Monitor("compact", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl")]) as monitor:
+        monitor.observe(rewards=rewards, advantages=per_row.float().expand(mask.shape), mask=mask, group_size=8)
+    line = json.loads((tmp_path / "r.jsonl").read_text())
+    post = line["histograms"]["post_norm"]
+    assert set(post) == {"start", "width", "counts"} and all(type(c) is int for c in post["counts"])
+    record = advmon.read_jsonl(tmp_path / "r.jsonl")[0]
+    assert record.histograms["post_norm"].total == record.metrics["advantages/post_norm/count"]
+
+
+def test_on_by_default_only_where_a_sink_takes_them(tmp_path, monkeypatch):
+    from advmon.environment import monitor_settings
+    from advmon.errors import AdvmonConfigError
+
+    rewards = torch.tensor([0.0, 1.0, 1.0, 0.0])
+    cases = {"list": ([ListSink()], None, False), "jsonl": ([advmon.JsonlSink(tmp_path / "a.jsonl")], None, True),
+             "off": ([advmon.JsonlSink(tmp_path / "b.jsonl")], False, False), "forced": ([ListSink()], True, True)}
+    for name, (sinks, asked, expected) in cases.items():
+        with advmon.Monitor(name, sinks=sinks, histograms=asked) as monitor:
+            monitor.observe(rewards=rewards, advantages=rewards - 0.5, group_size=2)
+        assert monitor.histograms is expected, name
+        if isinstance(sinks[0], ListSink):
+            assert bool(sinks[0].records[-1].histograms) is expected, name
+    assert monitor_settings({"ADVMON_HISTOGRAMS": "0"})["histograms"] is False
+    with pytest.raises(AdvmonConfigError, match="ADVMON_HISTOGRAMS"):
+        monitor_settings({"ADVMON_HISTOGRAMS": "yes"})
+    with pytest.raises(AdvmonConfigError, match="histograms must be"):
+        advmon.Monitor("bad", sinks=[], histograms="yes")
