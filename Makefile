@@ -38,6 +38,7 @@ bench: $(DEV_STAMP)
 	$(PY) benchmarks/bench_scaling.py
 	$(PY) benchmarks/bench_device_ops.py
 	$(PY) benchmarks/bench_drilldown.py
+	$(PY) benchmarks/bench_histograms.py
 	$(PY) benchmarks/bench_report.py --repeat 1
 	$(PY) benchmarks/alert_corpus.py
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advmon.alerts.evaluator import Occurrence, evaluate_records
-from advmon.plots import PANELS, Panel, draw_panel, figure_to_svg, where_panels
+from advmon.plots import PANELS, Panel, draw_distribution, draw_panel, figure_to_svg, where_panels
 from advmon.progress import Progress
-from advmon.rules import Thresholds, rule_named
+from advmon.rules import Thresholds, abs_limit, rule_named
 from advmon.runs import Run
 
 __all__ = ["AlertRow", "alert_rows", "write_page", "write_png", "write_report"]
@@ -90,6 +90,40 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .plot svg { width: 100%; height: auto; }
 .ok { color: #2a7a2a; font-weight: 600; }
 """
+
+
+def _distribution_figures(run: Run, occurrences: Sequence[Occurrence], thresholds: Thresholds | None) -> list[str]:
+    """Heatmaps of the post-norm (with the |A| bound the alerts use) and pre-norm histograms per step."""
+    if not any(record.histograms for record in run.records):
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    t = thresholds if thresholds is not None else Thresholds.with_overrides(None)
+    steps = np.array([r.step for r in run.records], dtype=np.float64)
+    bounds = np.array([abs_limit(r.metrics, t) for r in run.records])
+    svgs = []
+    for stage, limit in (("post_norm", (steps, bounds)), ("pre_norm", None)):
+        figure, axes = plt.subplots(figsize=(7.5, 3.4), dpi=100)
+        if draw_distribution(axes, run.records, limit, stage, alert_spans(occurrences)):
+            svgs.append(figure_to_svg(figure))
+        plt.close(figure)
+    return svgs
+
+
+def _distribution_section(svgs: Sequence[str]) -> str:
+    if not svgs:
+        return ""
+    plots = "\n".join(f"<figure class='plot'>{svg}</figure>" for svg in svgs)
+    return (
+        "<h2>Distribution</h2>\n<p class='meta'>Each column is one step's advantages (the record's histogram, "
+        "at most 64 bins); colour is the share of the step's values, on a log scale so that a handful of "
+        "outliers still shows. Dashed: the |A| the bound alert allows.</p>\n"
+        f"<div class='plots'>\n{plots}\n</div>"
+    )
 
 
 def _fmt(value: float) -> str:
@@ -197,16 +231,19 @@ def _exemplar_table(exemplars: Sequence[dict]) -> str:
 def write_report(run: Run, out: Path, thresholds: Thresholds | None = None, runbook_base: str = "docs/runbooks.md") -> Path:
     """Write the HTML report of ``run`` to ``out``."""
     drilldown = where_panels(run.records)
-    with Progress(f"report {run.name}", total=len(PANELS) + len(drilldown) + 1) as progress:
+    with Progress(f"report {run.name}", total=len(PANELS) + len(drilldown) + 2) as progress:
         occurrences = evaluate_records(run.records, thresholds)
         progress.advance()
         svgs = _figures(run, occurrences, progress)
+        distribution_svgs = _distribution_figures(run, occurrences, thresholds)
+        progress.advance()
         where_svgs = _figures(run, occurrences, progress, drilldown)
     plots = "\n".join(f"<figure class='plot'>{svg}</figure>" for svg in svgs)
     body = (
         f"{_header(run)}\n<h2>Alerts</h2>\n{_alerts_table(alert_rows(occurrences), runbook_base)}\n"
         "<p class='meta'>Shaded spans on the plots: where a critical (red) or warning (orange) alert was firing.</p>\n"
         f"<h2>Over steps</h2>\n<div class='plots'>\n{plots}\n</div>\n"
+        f"{_distribution_section(distribution_svgs)}\n"
         f"{_where_section(run, occurrences, where_svgs)}\n"
         f"<h2>Last and worst values</h2>\n{_summary_table(run)}\n"
     )

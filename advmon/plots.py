@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_POINTS", "PANELS", "Panel", "draw_panel", "figure_to_svg", "series", "where_panels"]
+__all__ = ["MAX_POINTS", "PANELS", "Distribution", "Panel", "distribution", "draw_distribution", "draw_panel",
+           "figure_to_svg", "series", "where_panels"]
 
 MAX_POINTS = 2000
 SEVERITY_COLORS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
@@ -208,6 +209,124 @@ def _scale(axes: Any) -> None:
     finite = np.abs(values[np.isfinite(values)])
     if finite.size and finite.max() > 100 * max(np.percentile(finite, 90), 1e-12):
         axes.set_yscale("symlog", linthresh=max(np.percentile(finite, 90), finite.max() * 1e-3))
+
+
+#: Columns (groups of steps) and value rows of a distribution picture.
+DISTRIBUTION_COLUMNS = 400
+DISTRIBUTION_ROWS = 160
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A stage's histograms over steps on one grid: ``share[i, j]`` of column ``i``'s values lie in row ``j``."""
+
+    step_edges: np.ndarray  #: ``columns + 1`` edges on the step axis
+    value_edges: np.ndarray  #: ``rows + 1`` edges on the value axis
+    share: np.ndarray  #: ``[columns, rows]``, each column summing to 1 (``nan`` where a column has no histogram)
+    linthresh: float | None  #: the symmetric-log scale's linear range, or ``None`` for a linear axis
+
+
+def distribution(records: Sequence[Any], stage: str = "post_norm", columns: int = DISTRIBUTION_COLUMNS,
+                 rows: int = DISTRIBUTION_ROWS) -> Distribution | None:
+    """The records' ``stage`` histograms resampled onto one grid (``None`` without any histogram).
+
+    Each record's bins are spread over the grid's rows as if values were uniform
+    inside a bin (the cumulative count, interpolated at the rows' edges): counts are
+    kept, nothing is invented outside a bin. Consecutive records share a column when
+    there are more than ``columns``. Values far beyond the bulk (|A| in the thousands
+    beside unit-scale data, the outliers the picture is for) get a symmetric-log axis
+    whose linear range holds the typical step's p01..p99.
+
+    Example:
+        >>> from advmon.histograms import Histogram
+        >>> from advmon.record import Record
+        >>> histogram = Histogram((-1.0, -0.5, 0.0, 0.5, 1.0), (1.0, 0.0, 0.0, 3.0))
+        >>> records = [Record("r", s, 0.0, "e", None, {}, histograms={"post_norm": histogram}) for s in range(3)]
+        >>> d = distribution(records, rows=4)
+        >>> d.value_edges.tolist(), d.share[0].tolist(), d.linthresh
+        ([-1.0, -0.5, 0.0, 0.5, 1.0], [0.25, 0.0, 0.0, 0.75], None)
+    """
+    found = sorted(((r.step, r.histograms[stage], r.metrics) for r in records if stage in getattr(r, "histograms", {})),
+                   key=lambda item: item[0])
+    if not found:
+        return None
+    low = min(h.edges[0] for _, h, _ in found)
+    high = max(h.edges[-1] for _, h, _ in found)
+    linthresh = _linear_range(found, stage, max(abs(low), abs(high)))
+    value_edges = _value_edges(low, high, rows, linthresh)
+    per_record = np.array([_resampled(h, value_edges) for _, h, _ in found])
+    steps = np.array([step for step, _, _ in found], dtype=np.float64)
+    starts = np.linspace(0, len(found), min(columns, len(found)) + 1).astype(np.int64)
+    counts = np.add.reduceat(per_record, starts[:-1], axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = counts / counts.sum(axis=1, keepdims=True)
+    half = np.diff(steps).min() / 2 if len(steps) > 1 else 0.5
+    step_edges = np.append(steps[starts[:-1]] - half, steps[-1] + half)
+    return Distribution(step_edges, value_edges, share, linthresh)
+
+
+def _linear_range(found: Sequence[tuple[int, Any, Any]], stage: str, extreme: float) -> float | None:
+    """The typical step's largest |p01|, |p99|, when the extremes are over 20 times it (else ``None``)."""
+    typical = [max(abs(_number(m.get(f"advantages/{stage}/p01"))), abs(_number(m.get(f"advantages/{stage}/p99"))))
+               for _, _, m in found]
+    typical = [t for t in typical if math.isfinite(t) and t > 0]
+    if not typical:
+        return None
+    scale = float(np.median(typical))
+    return scale if extreme > 20 * scale else None
+
+
+def _value_edges(low: float, high: float, rows: int, linthresh: float | None) -> np.ndarray:
+    if linthresh is None:
+        return np.linspace(low, high, rows + 1)
+    from matplotlib.scale import SymmetricalLogTransform
+
+    transform = SymmetricalLogTransform(10, linthresh, 1.0)
+    ends = transform.transform(np.array([low, high]))
+    return transform.inverted().transform(np.linspace(ends[0], ends[1], rows + 1))
+
+
+def _resampled(histogram: Any, edges: np.ndarray) -> np.ndarray:
+    """The histogram's counts per row of ``edges`` (uniform inside each bin)."""
+    bin_edges = np.array(histogram.edges)
+    cumulative = np.concatenate([[0.0], np.cumsum(histogram.counts)])
+    return np.diff(np.interp(edges, bin_edges, cumulative))
+
+
+def draw_distribution(axes: Any, records: Sequence[Any], bounds: tuple[np.ndarray, np.ndarray] | None = None,
+                      stage: str = "post_norm", spans: Sequence[tuple[int, int | None, str]] = ()) -> bool:
+    """A heatmap of ``stage``'s distribution per step (log colour: a handful of outliers still shows),
+    with ``bounds`` (steps, |A| bound per step) drawn at plus and minus; return whether there was data."""
+    from matplotlib.colors import LogNorm
+
+    found = distribution(records, stage)
+    axes.set_title(f"{stage.replace('_', '-').capitalize()} advantages: distribution per step", fontsize=10, loc="left")
+    axes.set_xlabel("step", fontsize=8)
+    axes.tick_params(labelsize=8)
+    if found is None:
+        axes.text(0.5, 0.5, "no histograms", ha="center", va="center", transform=axes.transAxes, color="grey")
+        return False
+    share = np.where(found.share > 0, found.share, np.nan)  # empty cells stay blank
+    smallest = np.nanmin(share) if np.isfinite(share).any() else 1e-6
+    mesh = axes.pcolormesh(found.step_edges, found.value_edges, share.T, cmap="viridis", shading="flat",
+                           norm=LogNorm(vmin=min(smallest, 1e-3), vmax=1.0), rasterized=True)
+    colorbar = axes.figure.colorbar(mesh, ax=axes, pad=0.01)
+    colorbar.set_label("share of the step's values", fontsize=7)
+    colorbar.ax.tick_params(labelsize=7)
+    if found.linthresh is not None:
+        axes.set_yscale("symlog", linthresh=found.linthresh)
+    axes.set_ylim(found.value_edges[0], found.value_edges[-1])
+    if bounds is not None:
+        steps, bound = bounds
+        for sign in (1, -1):
+            axes.step(steps, sign * bound, where="mid", color="#d62728", linestyle="--", linewidth=1,
+                      label="|A| bound" if sign == 1 else None)
+        axes.legend(fontsize=7, loc="upper left", framealpha=0.7)
+    last_step = found.step_edges[-1]
+    for fired, resolved, severity in spans:
+        axes.axvspan(fired, resolved if resolved is not None else last_step, color=SEVERITY_COLORS.get(severity, "grey"),
+                     alpha=0.12, linewidth=0)
+    return True
 
 
 def figure_to_svg(figure: Any) -> str:

@@ -41,6 +41,7 @@ __all__ = [
     "Finding",
     "PromContext",
     "Window",
+    "abs_limit",
     "abs_max_of",
     "bound_size",
     "dashboard_link",
@@ -513,12 +514,22 @@ def _eval_nonfinite_advantages(window: Window, t: Thresholds) -> list[Finding]:
     return _single(count > 0, count)
 
 
+def abs_limit(metrics: Mapping[str, Any], t: Thresholds) -> float:
+    """The |A| the bound alert allows at a record: the group bound, or ``ungrouped_abs_max`` without one.
+
+    Example:
+        >>> t = Thresholds.with_overrides(None)
+        >>> abs_limit({"groups/bound_size": 8.0}, t) == group_bound(8, 3.0), abs_limit({"groups/bound_size": 0.0}, t)
+        (True, 10.0)
+    """
+    bound = group_bound(bound_size(metrics), t["group_bound_factor"])
+    return t["ungrouped_abs_max"] if math.isnan(bound) else bound
+
+
 def _eval_group_bound(window: Window, t: Thresholds) -> list[Finding]:
     record = window[-1]
     value = abs_max_of(record.metrics)
-    bound = group_bound(bound_size(record.metrics), t["group_bound_factor"])
-    limit = t["ungrouped_abs_max"] if math.isnan(bound) else bound
-    return _single(value > limit, value)
+    return _single(value > abs_limit(record.metrics, t), value)
 
 
 def bound_promql(t: Thresholds, ctx: PromContext) -> str:

@@ -566,7 +566,7 @@ def summarize_with_histogram(parts: Iterable[Part | HostPart]) -> tuple[dict[str
 
     Example:
         >>> summary, histogram = summarize_with_histogram([value_part(torch.tensor([0.0, 1.0, 1.0, 3.0]))])
-        >>> summary["mean"], histogram.total, histogram.start <= 0.0, histogram.edges()[-1] > 3.0
+        >>> summary["mean"], histogram.total, histogram.edges[0] <= 0.0, histogram.edges[-1] > 3.0
         (1.25, 4.0, True, True)
     """
     host_parts = [p if isinstance(p, HostPart) else to_host(p) for p in parts]
@@ -741,12 +741,12 @@ def _merged_histogram(parts: list[HostPart], low: float, high: float) -> tuple[i
             occupied = np.nonzero(histogram)[0]
             absolute = occupied.astype(np.int64) + np.int64(scalars[_OFFSET])
             coarse = absolute >> (level - int(scalars[_LEVEL]))
-            np.add.at(counts, coarse - first, histogram[occupied])
+            counts += np.bincount(coarse - first, weights=histogram[occupied], minlength=size)  # add.at: ~10x slower
         else:
             values, weights = part.arrays
             finite = (weights > 0) & np.isfinite(values)
             bins = np.floor(np.ldexp(values[finite], -level)).astype(np.int64) - first
-            np.add.at(counts, bins, weights[finite])
+            counts += np.bincount(bins, weights=weights[finite], minlength=size)
     return level, counts, first
 
 

@@ -20,13 +20,13 @@ from .sketches import prefix_mask
 
 
 def assert_histogram_matches(histogram, values: np.ndarray, weights: np.ndarray | None = None) -> None:
-    """The bins hold exactly the finite values (counted by their weights), with exact power-of-two edges."""
+    """The bins hold exactly the finite values (counted by their weights), with increasing edges."""
     weights = np.ones(values.shape) if weights is None else weights
     keep = np.isfinite(values) & (weights > 0)
     values, weights = values[keep], weights[keep]
-    assert 1 <= len(histogram.counts) <= MAX_BINS
-    assert math.frexp(histogram.width)[0] == 0.5  # a power of two
-    edges = np.array(histogram.edges())
+    assert 1 <= len(histogram.counts) <= MAX_BINS and len(histogram.edges) == len(histogram.counts) + 1
+    edges = np.array(histogram.edges)
+    assert np.all(np.diff(edges) > 0)
     assert edges[0] <= values.min() < edges[1] and edges[-2] <= values.max() < edges[-1]
     expected, _ = np.histogram(values, bins=edges, weights=weights)  # [a, b) bins; no value on the last edge
     assert np.array_equal(np.array(histogram.counts), expected), (histogram.counts, expected)
@@ -77,20 +77,44 @@ def test_histograms_match_numpy(path, layout, sketched, monkeypatch):
     assert_histogram_matches(record.histograms["pre_norm"], pre_norm)
 
 
-@settings(max_examples=150, deadline=None)
-@given(counts=st.lists(st.integers(0, 5), min_size=1, max_size=1100), first=st.integers(-3000, 3000),
-       level=st.integers(-40, 40), max_bins=st.integers(1, 64))
-def test_coarsened_bins_nest_and_keep_every_count(counts, first, level, max_bins):
+def sparse_counts():
+    """Fine histograms as the sketch leaves them: a bulk, empty stretches, a few far outliers."""
+    return st.lists(st.one_of(st.just(0), st.just(0), st.integers(1, 9), st.integers(0, 1000)), min_size=1,
+                    max_size=1100)
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts=sparse_counts(), first=st.integers(-3000, 3000), level=st.integers(-40, 40), max_bins=st.integers(1, 64))
+def test_coarsened_bins_are_fine_bins_merged_and_keep_every_count(counts, first, level, max_bins):
     histogram = coarsened(level, counts, first, max_bins)
     if not any(counts):
         assert histogram is None
         return
-    assert len(histogram.counts) <= max_bins and histogram.total == sum(counts)
-    for k, count in enumerate(counts):  # each fine bin lies inside one coarse bin
-        left, right = math.ldexp(first + k, level), math.ldexp(first + k + 1, level)
-        i = math.floor((left - histogram.start) / histogram.width)
-        assert histogram.start + i * histogram.width <= left and right <= histogram.start + (i + 1) * histogram.width
-        assert count == 0 or histogram.counts[i] >= count
+    assert 1 <= len(histogram.counts) <= max_bins and histogram.total == sum(counts)
+    assert histogram.counts[0] > 0 and histogram.counts[-1] > 0
+    fine = [math.ldexp(first + k, level) for k in range(len(counts) + 1)]
+    assert set(histogram.edges) <= set(fine)  # every edge is a fine edge: exact counts, exact floats
+    expected = [sum(c for k, c in enumerate(counts) if left <= fine[k] < right)
+                for left, right in zip(histogram.edges, histogram.edges[1:])]
+    assert list(histogram.counts) == expected
+    occupied = [k for k, c in enumerate(counts) if c]
+    if occupied[-1] - occupied[0] + 1 <= max_bins:  # they fit: the fine bins, as they are
+        assert list(histogram.edges) == fine[occupied[0] : occupied[-1] + 2]
+
+
+def test_the_bulk_keeps_its_resolution_beside_far_outliers():
+    """tp2's shape: unit-scale advantages and a few at thousands. The bins go where the values are."""
+    rng = np.random.default_rng(4)
+    values = np.concatenate([rng.normal(0, 1, 100_000), [7428.4, -3184.0, 6000.0]])
+    level, first = -3, math.floor(values.min() * 8)  # 1/8-wide fine bins, as a sketch of this range has at most
+    counts = np.bincount(np.floor(values * 8).astype(np.int64) - first)
+    histogram = coarsened(level, counts, first)
+    edges = np.array(histogram.edges)
+    bulk = (edges[:-1] >= -5) & (edges[1:] <= 5)
+    assert np.array(histogram.counts)[bulk].sum() >= 0.999 * 100_000 and bulk.sum() >= 30  # most bins on the bulk
+    assert np.diff(edges)[bulk].max() <= 0.5
+    uniform = 64 * 0.125 * 2 ** math.ceil(math.log2((values.max() - values.min()) / 8 / 64))
+    assert np.diff(edges)[bulk].max() < uniform / 100  # 64 equal bins would be hundreds of times wider
 
 
 def test_jsonl_keeps_them_compactly_and_reads_them_back(tmp_path):
@@ -99,7 +123,8 @@ def test_jsonl_keeps_them_compactly_and_reads_them_back(tmp_path):
         monitor.observe(rewards=rewards, advantages=per_row.float().expand(mask.shape), mask=mask, group_size=8)
     line = json.loads((tmp_path / "r.jsonl").read_text())
     post = line["histograms"]["post_norm"]
-    assert set(post) == {"start", "width", "counts"} and all(type(c) is int for c in post["counts"])
+    assert set(post) == {"edges", "counts"} and all(type(c) is int for c in post["counts"])
+    assert len(post["edges"]) == len(post["counts"]) + 1 <= 65
     record = advmon.read_jsonl(tmp_path / "r.jsonl")[0]
     assert record.histograms["post_norm"].total == record.metrics["advantages/post_norm/count"]
 
@@ -122,3 +147,11 @@ def test_on_by_default_only_where_a_sink_takes_them(tmp_path, monkeypatch):
         monitor_settings({"ADVMON_HISTOGRAMS": "yes"})
     with pytest.raises(AdvmonConfigError, match="histograms must be"):
         advmon.Monitor("bad", sinks=[], histograms="yes")
+
+
+def test_one_bin_for_a_stretch_across_zero():
+    """No power-of-two bin aligned to its size holds [-1, 1): a single bin must still come out (it used to loop)."""
+    histogram = coarsened(0, [1, 0, 0, 1], -2, max_bins=1)
+    assert histogram.edges == (-2.0, 2.0) and histogram.counts == (2.0,)
+    histogram = coarsened(0, [1] * 40 + [0] * 500 + [1] * 40, -290, max_bins=4)
+    assert histogram.total == 80 and len(histogram.counts) <= 4

@@ -267,3 +267,39 @@ def test_the_where_section_renders_in_chromium(tmp_path):
     for plot in plots:
         assert plot["visible"] and plot["width"] > 300 and plot["height"] > 120, plot
         assert plot["lines"] > 20, plot
+
+
+@pytest.mark.integration
+def test_the_demo_tp2_report_shows_its_outliers_in_the_distribution(tmp_path):
+    """The report's distribution picture: post-norm histograms per step with the bound, pre-norm beside it;
+    tp2's cancellation outliers sit beyond the bound in the very steps they happen (issue 19, item 2)."""
+    import numpy as np
+
+    from advmon.demo import DemoConfig, simulate_run
+    from advmon.plots import distribution
+    from advmon.rules import Thresholds, abs_limit
+    from advmon.runs import read_run
+
+    run = read_run(simulate_run("tp2", DemoConfig(steps=40, out=tmp_path), True))
+    limits = [abs_limit(r.metrics, Thresholds.with_overrides(None)) for r in run.records]
+    beyond = [i for i, (r, limit) in enumerate(zip(run.records, limits))
+              if max(abs(r.metrics["advantages/post_norm/min"]), abs(r.metrics["advantages/post_norm/max"])) > limit]
+    assert beyond, "the demo's tp2 run has outliers"
+    picture = distribution(run.records)
+    assert picture.linthresh is not None  # thousands beside unit scale: a symmetric-log axis
+    rows = np.abs((picture.value_edges[:-1] + picture.value_edges[1:]) / 2)
+    for column, (record, limit) in enumerate(zip(run.records, limits)):
+        outside = np.nansum(picture.share[column][rows > limit])
+        assert (outside > 0) == (column in beyond), (record.step, outside)
+        histogram = record.histograms["post_norm"]
+        assert histogram.total == record.metrics["advantages/post_norm/count"] - record.metrics[
+            "advantages/post_norm/nan_count"] - record.metrics["advantages/post_norm/inf_count"]
+    out = tmp_path / "report.html"
+    assert main(["report", str(tmp_path / "tp2.jsonl"), "--out", str(out)]) == 0
+    page = out.read_text()
+    section = page[page.index("<h2>Distribution</h2>"):page.index("<h2>Where</h2>")]
+    assert section.count("<svg") == 2 and "|A| bound" in section
+    plots = rendered_plots(tmp_path, page)
+    assert len(plots) == 6 + 2 + 6  # the run's panels, the two distributions, per-slice and per-function ones
+    for plot in plots:
+        assert plot["visible"] and plot["width"] > 300 and plot["height"] > 120, plot

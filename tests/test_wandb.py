@@ -209,6 +209,6 @@ def test_histograms_land_in_the_wandb_file_as_wandb_histograms(tmp_path, offline
         for stage in ("pre_norm", "post_norm"):
             key, histogram = f"histograms/advantages/{stage}", record.histograms[stage]  # W&B nests its fields
             assert row[f"{key}/_type"] == "histogram"
-            assert row[f"{key}/bins"] == histogram.edges() and row[f"{key}/values"] == list(histogram.counts)
+            assert row[f"{key}/bins"] == list(histogram.edges) and row[f"{key}/values"] == list(histogram.counts)
     definitions = {d.glob_name or d.name: d for d in metric_definitions(run_file(tmp_path))}
     assert definitions["histograms/*"].step_metric == "advmon/step"

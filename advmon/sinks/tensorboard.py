@@ -107,7 +107,7 @@ def _raw_histogram(record: Record, stage: str, histogram: Histogram) -> Any:
     metrics = record.metrics
     n = histogram.total
     mean, std = metrics.get(f"advantages/{stage}/mean", math.nan), metrics.get(f"advantages/{stage}/std", math.nan)
-    edges = histogram.edges()
+    edges = list(histogram.edges)
     low, high = metrics.get(f"advantages/{stage}/min", math.nan), metrics.get(f"advantages/{stage}/max", math.nan)
     return HistogramProto(
         min=low if math.isfinite(low) else edges[0],

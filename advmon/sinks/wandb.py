@@ -124,7 +124,7 @@ class WandbSink(Sink):
         data: dict[str, Any] = {k: v for k, v in record.metrics.items() if math.isfinite(v)}
         data[STEP_KEY] = record.step
         for stage, histogram in record.histograms.items():
-            data[histogram_key(stage)] = self._wandb.Histogram(np_histogram=(list(histogram.counts), histogram.edges()))
+            data[histogram_key(stage)] = self._wandb.Histogram(np_histogram=(list(histogram.counts), list(histogram.edges)))
         if self._exemplars.due(record):
             data[EXEMPLARS_KEY] = self._wandb.Table(columns=list(EXEMPLAR_COLUMNS), data=exemplar_rows(record))
         run.log(data, commit=self._owned)
