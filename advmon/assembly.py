@@ -24,7 +24,7 @@ from advmon.exemplars import FIELDS as EXEMPLAR_FIELDS
 from advmon.exemplars import NOT_CHOSEN, REASONS
 from advmon.groups import GROUP_COUNT_FIELDS, merge_group_counts
 from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem
-from advmon.record import REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
+from advmon.record import HISTOGRAM_STAGES, REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
 from advmon.slices import SLICE_FIELDS
 from advmon.histograms import Histogram
 from advmon.stats import HostPart, pack, summarize, summarize_with_histogram
@@ -45,8 +45,6 @@ _ABS_MAX = SLICE_FIELDS.index("advantage_abs_max")
 MAX_SIZE = GROUP_COUNT_FIELDS.index("max_size")
 #: Stages whose keys every record carries, in this order.
 CORE_STAGES = ("pre_norm", "post_norm")
-#: Stages whose distributions a record carries (``Monitor(histograms=True)``).
-HISTOGRAM_STAGES = CORE_STAGES
 
 
 @dataclass

@@ -130,6 +130,10 @@ def stage_metrics(prefix: str, summary: Mapping[str, float], keys: tuple[str, ..
     return {f"{prefix}/{key}": float(summary.get(key, math.nan)) for key in keys}
 
 
+#: Stages whose distributions a record carries (``Monitor(histograms=True)``).
+HISTOGRAM_STAGES = ("pre_norm", "post_norm")
+
+
 def histogram_key(stage: str) -> str:
     """Where sinks that draw distributions (TensorBoard, W&B) put a stage's histogram.
 

@@ -117,8 +117,12 @@ def test_histograms_are_tensorboards_raw_histograms(tmp_path):
         assert sorted(events) == [r.step for r in records]
         for record in records:
             histogram, read = record.histograms[stage], events[record.step]
-            assert list(read.bucket_limit) == list(histogram.edges[1:])  # multiples of a power of two: exact
-            assert list(read.bucket) == list(histogram.counts)
+            assert list(read.bucket_limit) == list(histogram.edges)  # multiples of a power of two: exact
+            assert list(read.bucket) == [0.0, *histogram.counts]  # a leading empty bucket ends at the first edge
             assert read.num == histogram.total
             assert read.min == record.metrics[f"advantages/{stage}/min"]
             assert read.max == record.metrics[f"advantages/{stage}/max"]
+    from advmon.runs import read_run
+
+    back = read_run(f"tb+{tmp_path / 'tb' / 'tb-hist'}")
+    assert [r.histograms for r in back.records] == [r.histograms for r in records]  # the report draws them from here

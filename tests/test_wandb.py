@@ -212,3 +212,7 @@ def test_histograms_land_in_the_wandb_file_as_wandb_histograms(tmp_path, offline
             assert row[f"{key}/bins"] == list(histogram.edges) and row[f"{key}/values"] == list(histogram.counts)
     definitions = {d.glob_name or d.name: d for d in metric_definitions(run_file(tmp_path))}
     assert definitions["histograms/*"].step_metric == "advmon/step"
+    from advmon.runs import read_run
+
+    back = read_run(run_file(tmp_path))
+    assert [r.histograms for r in back.records] == [r.histograms for r in records]  # the report draws them from here

@@ -10,7 +10,8 @@ import json
 import math
 from pathlib import Path
 
-from advmon.record import Record
+from advmon.histograms import Histogram
+from advmon.record import HISTOGRAM_STAGES, Record, histogram_key
 from advmon.runs import ADVMON_PREFIXES, Run, RunSourceError
 
 __all__ = ["read_wandb_run"]
@@ -33,6 +34,7 @@ def read_wandb_run(path: Path) -> Run:
     name = file.stem.removeprefix("run-")
     by_step: dict[int, tuple[float, dict[str, float]]] = {}
     exemplars: dict[int, list[dict]] = {}
+    histograms: dict[int, dict[str, Histogram]] = {}
     for entry in entries:
         kind = entry.WhichOneof("record_type")
         if kind == "run" and entry.run.display_name:
@@ -46,15 +48,28 @@ def read_wandb_run(path: Path) -> Run:
                    and not k.startswith(EXEMPLARS_KEY + "/") and isinstance(v, (int, float))}
         step = int(row[STEP_KEY])
         by_step[step] = (float(row.get("_timestamp", 0.0)), metrics)
+        histograms[step] = _histograms(row)
         table = row.get(f"{EXEMPLARS_KEY}/path")
         if isinstance(table, str):
             exemplars[step] = _table_entries(file.parent / "files" / table)
     keys = sorted({k for _, metrics in by_step.values() for k in metrics})
     records = [
-        Record(name, step, when, "", None, {k: metrics.get(k, math.nan) for k in keys}, exemplars.get(step, []))
+        Record(name, step, when, "", None, {k: metrics.get(k, math.nan) for k in keys}, exemplars.get(step, []),
+               histograms.get(step, {}))
         for step, (when, metrics) in sorted(by_step.items())
     ]
     return Run(name, str(path), records)
+
+
+def _histograms(row: dict) -> dict[str, Histogram]:
+    """The advantages' histograms of a row (``wandb.Histogram`` keeps bins and values as given)."""
+    found = {}
+    for stage in HISTOGRAM_STAGES:
+        key = histogram_key(stage)
+        bins, values = row.get(f"{key}/bins"), row.get(f"{key}/values")
+        if isinstance(bins, list) and isinstance(values, list) and len(bins) == len(values) + 1:
+            found[stage] = Histogram(tuple(float(b) for b in bins), tuple(float(v) for v in values))
+    return found
 
 
 def _table_entries(path: Path) -> list[dict]:

@@ -101,7 +101,11 @@ class TensorBoardSink(Sink):
 
 
 def _raw_histogram(record: Record, stage: str, histogram: Histogram) -> Any:
-    """TensorBoard's raw histogram: each bin's right edge and count, with the stage's own extrema and sums."""
+    """TensorBoard's raw histogram: each bin's right edge and count, with the stage's own extrema and sums.
+
+    A leading empty bucket ends at the first bin's left edge, which TensorBoard has no
+    field for: the reader gets every edge back (``advmon report tb+DIR`` draws them).
+    """
     from tensorboard.compat.proto.summary_pb2 import HistogramProto
 
     metrics = record.metrics
@@ -115,6 +119,6 @@ def _raw_histogram(record: Record, stage: str, histogram: Histogram) -> Any:
         num=n,
         sum=mean * n if math.isfinite(mean) else 0.0,
         sum_squares=(std * std + mean * mean) * n if math.isfinite(mean) and math.isfinite(std) else 0.0,
-        bucket_limit=edges[1:],
-        bucket=list(histogram.counts),
+        bucket_limit=edges,
+        bucket=[0.0, *histogram.counts],
     )
