@@ -9,7 +9,8 @@ On the CPU they may read values (``torch.unique``, ``index_add_``). Off it
 are grouped by sorting a row hash, per-group values come from (group, reward)
 sorted segments, and on CUDA with Triton one tiled kernel does the groups' work
 (:mod:`advmon.triton_groups`). Group ids are dense on every path; their numbering
-may differ.
+may differ (the CPU numbers contiguous prompt rows as they appear, so they rise
+along the batch and the drill-down needs no sort).
 
 Groups come from, in order of preference:
 
@@ -21,8 +22,8 @@ Groups come from, in order of preference:
 Example:
     >>> import torch
     >>> ids = group_ids(torch.tensor([[7, 7], [7, 7], [5, 1]]), 3)
-    >>> ids.tolist()
-    [1, 1, 0]
+    >>> ids.tolist()  # on the CPU, runs of rows that all differ are numbered as they appear
+    [0, 0, 1]
     >>> counts = group_counts(torch.tensor([1.0, 1.0, 0.0]), ids, None)
     >>> dict(zip(GROUP_COUNT_FIELDS, counts.tolist()))["zero_std"]
     1.0

@@ -282,6 +282,7 @@ def test_group_normalized_is_read_from_advmon_instrument():
 
     target, plain = parse_targets("my.module:Reinforce(group_normalized=false); my.module:GRPO")
     assert target.names.group_normalized is False and plain.names.group_normalized is True
+    assert parse_targets(target.spec) == [target]  # how a Ray worker receives it
     with pytest.raises(AdvmonConfigError, match="group_normalized must be true or false"):
         parse_targets("my.module:Reinforce(group_normalized=maybe)")
 
