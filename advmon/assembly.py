@@ -142,7 +142,9 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
     return step
 
 
-def exemplar_entries(table: np.ndarray, keys: GroupKeys, slice_of: Mapping[int, str] | Sequence[str] | None = None) -> list[dict[str, Any]]:
+def exemplar_entries(
+    table: np.ndarray, keys: GroupKeys, slice_of: Mapping[int, str] | Sequence[str] | None = None
+) -> list[dict[str, Any]]:
     """The record's exemplars from a call's worst-groups table (its last column names the group).
 
     Example:

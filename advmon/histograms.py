@@ -61,7 +61,9 @@ class Histogram:
         return cls(tuple(float(e) for e in data["edges"]), tuple(float(c) for c in data["counts"]))
 
 
-def coarsened(level: int, counts: Sequence[float] | np.ndarray, first: int, max_bins: int = MAX_BINS) -> Histogram | None:
+def coarsened(
+    level: int, counts: Sequence[float] | np.ndarray, first: int, max_bins: int = MAX_BINS
+) -> Histogram | None:
     """Fine bin ``first + k`` of width ``2**level`` (holding ``counts[k]``) merged into at most ``max_bins`` bins.
 
     ``None`` when every count is 0.

@@ -178,7 +178,8 @@ class Monitor:
                 self.sinks.append(make_alert_sink(alerts, alert_thresholds))
         self._warned: set[str] = set()
         if histograms is not None and not isinstance(histograms, bool):
-            raise AdvmonConfigError(f"histograms must be True, False or None (when a sink takes them), got {histograms!r}")
+            raise AdvmonConfigError(
+                f"histograms must be True, False or None (when a sink takes them), got {histograms!r}")
         #: Whether records carry histograms (``None``: whether a sink takes them).
         self.histograms = any(getattr(s, "histograms", False) for s in self.sinks) if histograms is None else histograms
         self._delivery = Delivery(self.sinks, self.run, policy, _weak_warner(self))

@@ -167,10 +167,7 @@ def draw_panel(axes: Any, panel: Panel, runs: Sequence[tuple[str, Sequence[Any]]
             steps, low, high = band
             color = colors[index % len(colors)] if len(runs) > 1 else "C0"
             axes.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
-    last_step = max((r.step for _, records in runs for r in records), default=0)
-    for fired, resolved, severity in spans:
-        axes.axvspan(fired, resolved if resolved is not None else last_step, color=SEVERITY_COLORS.get(severity, "grey"),
-                     alpha=0.12, linewidth=0)
+    _shade_alerts(axes, spans, max((r.step for _, records in runs for r in records), default=0))
     if marker is not None:
         axes.axvline(marker, color="black", linestyle="--", linewidth=1)
     axes.set_title(panel.title, fontsize=10, loc="left")
@@ -322,11 +319,15 @@ def draw_distribution(axes: Any, records: Sequence[Any], bounds: tuple[np.ndarra
             axes.step(steps, sign * bound, where="mid", color="#d62728", linestyle="--", linewidth=1,
                       label="|A| bound" if sign == 1 else None)
         axes.legend(fontsize=7, loc="upper left", framealpha=0.7)
-    last_step = found.step_edges[-1]
+    _shade_alerts(axes, spans, found.step_edges[-1])
+    return True
+
+
+def _shade_alerts(axes: Any, spans: Sequence[tuple[int, int | None, str]], last_step: float) -> None:
+    """Where an alert was firing (to ``last_step`` while it still is), in its severity's colour."""
     for fired, resolved, severity in spans:
         axes.axvspan(fired, resolved if resolved is not None else last_step, color=SEVERITY_COLORS.get(severity, "grey"),
                      alpha=0.12, linewidth=0)
-    return True
 
 
 def figure_to_svg(figure: Any) -> str:

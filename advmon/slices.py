@@ -99,7 +99,10 @@ class SliceIndex:
         try:
             # Labels seen before (text, the common case) are looked up in C, without a Python loop: each
             # as its slot's one byte, joined (making 4,096 Python ints into int64 costs twice as much).
-            found = operator.itemgetter(*labels)(self._known) if len(labels) > 1 else tuple(map(self._known.__getitem__, labels))
+            if len(labels) > 1:
+                found = operator.itemgetter(*labels)(self._known)
+            else:  # itemgetter of one key returns the value, not a tuple
+                found = tuple(map(self._known.__getitem__, labels))
             return np.frombuffer(b"".join(found), dtype=np.uint8).astype(np.int64)
         except (KeyError, TypeError):
             pass

@@ -31,8 +31,8 @@ __all__ = ["WandbSink"]
 STEP_KEY = "advmon/step"
 #: The W&B Table of a record's worst groups.
 EXEMPLARS_KEY = "advmon/exemplars"
-_STEPPED = ("rewards/*", "groups/*", "estimator/*", "advmon/internal_errors", "advmon/sink_errors/*", "advmon/dropped_records/*",
-            "histograms/*")
+_STEPPED = ("rewards/*", "groups/*", "estimator/*", "advmon/internal_errors", "advmon/sink_errors/*",
+            "advmon/dropped_records/*", "histograms/*")
 
 
 def _check_writable(directory: str | os.PathLike[str] | None) -> None:
@@ -124,7 +124,8 @@ class WandbSink(Sink):
         data: dict[str, Any] = {k: v for k, v in record.metrics.items() if math.isfinite(v)}
         data[STEP_KEY] = record.step
         for stage, histogram in record.histograms.items():
-            data[histogram_key(stage)] = self._wandb.Histogram(np_histogram=(list(histogram.counts), list(histogram.edges)))
+            bins = (list(histogram.counts), list(histogram.edges))
+            data[histogram_key(stage)] = self._wandb.Histogram(np_histogram=bins)
         if self._exemplars.due(record):
             data[EXEMPLARS_KEY] = self._wandb.Table(columns=list(EXEMPLAR_COLUMNS), data=exemplar_rows(record))
         run.log(data, commit=self._owned)
