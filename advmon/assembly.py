@@ -23,10 +23,10 @@ import torch
 from advmon.exemplars import FIELDS as EXEMPLAR_FIELDS
 from advmon.exemplars import NOT_CHOSEN, REASONS
 from advmon.groups import GROUP_COUNT_FIELDS, merge_group_counts
-from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem
-from advmon.record import HISTOGRAM_STAGES, REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
-from advmon.slices import SLICE_FIELDS
 from advmon.histograms import Histogram
+from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem
+from advmon.record import REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
+from advmon.slices import SLICE_FIELDS
 from advmon.stats import HostPart, pack, summarize, summarize_with_histogram
 
 __all__ = [

@@ -54,7 +54,7 @@ from advmon.observation import (
     observe_output,
     tensor_part,
 )
-from advmon.record import Record
+from advmon.record import HISTOGRAM_STAGES, Record
 from advmon.rules import Thresholds
 from advmon.slices import SliceIndex
 from advmon.sinks.base import SinkLike
@@ -575,7 +575,7 @@ class Monitor:
                 return None  # another rank emits; or no rank recorded anything this step
         else:
             parts = assembly.collect(calls)
-        summaries, histograms = assembly.summaries_of(parts, assembly.HISTOGRAM_STAGES if self.histograms else ())
+        summaries, histograms = assembly.summaries_of(parts, HISTOGRAM_STAGES if self.histograms else ())
         self._report(assembly.record_problems(summaries, parts), quiet=quiet)
         metrics = assembly.assemble(summaries, parts, self.reward_range)
         if parts.slices:

@@ -13,7 +13,6 @@ Usage: python benchmarks/bench_histograms.py [--repeats N]
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path

@@ -409,20 +409,7 @@ def promtool_tests(settings: AlertSettings, rules_path: str = f"../{RULES_FILE}"
         fired_at = next(i for i, active in enumerate(states) if any(name == rule.name for name, _ in active))
         extra = settings.selector_labels
         series = {**series_from_records(broken, run, extra), **series_from_records(healthy, "healthy-run", extra)}
-        record = broken[fired_at]
-        expected_alerts = []
-        for name, labels in sorted(states[fired_at]):
-            if name != rule.name:
-                continue
-            value = _fired_value(broken, t, rule, labels)
-            annotations = settings.annotations(rule)
-            annotations["description"] = rule.render_description(run, value, record.step, dict(labels), t)
-            expected_alerts.append(
-                {
-                    "exp_labels": {"severity": rule.severity, "run": run, **extra, **dict(labels)},
-                    "exp_annotations": annotations,
-                }
-            )
+        expected_alerts = _expected_alerts(settings, rule, run, broken[: fired_at + 1], states[fired_at])
         # Sample i + 1 follows record i: evaluation times are whole intervals.
         fire_time = format_duration((fired_at + 1) * interval)
         before = format_duration(fired_at * interval)
@@ -479,14 +466,7 @@ def _batch_whitened_test(settings: AlertSettings) -> dict[str, Any] | None:
     last = {run: firing_by_step(samples, t, [rule])[-1] for run, samples in runs.items()}
     if last["whitened-run"] or not last["normalized-run"]:  # pragma: no cover - the evaluator decides as documented
         raise AssertionError(f"the group bound should fire on normalized groups only: {last}")
-    record = runs["normalized-run"][-1]
-    expected = []
-    for _, labels in sorted(last["normalized-run"]):
-        annotations = settings.annotations(rule)
-        annotations["description"] = rule.render_description(
-            "normalized-run", _fired_value(runs["normalized-run"], t, rule, labels), record.step, dict(labels), t)
-        expected.append({"exp_labels": {"severity": rule.severity, "run": "normalized-run", **extra, **dict(labels)},
-                         "exp_annotations": annotations})
+    expected = _expected_alerts(settings, rule, "normalized-run", runs["normalized-run"], last["normalized-run"])
     series = {name: values for run, samples in runs.items()
               for name, values in series_from_records(samples, run, extra).items()}
     return {
@@ -497,6 +477,25 @@ def _batch_whitened_test(settings: AlertSettings) -> dict[str, Any] | None:
         "alert_rule_test": [{"eval_time": format_duration(len(runs["normalized-run"]) * interval),
                              "alertname": rule.name, "exp_alerts": expected}],
     }
+
+
+def _expected_alerts(
+    settings: AlertSettings, rule: Rule, run: str, samples: Sequence[_Sample], active: set[tuple[str, tuple]]
+) -> list[dict[str, Any]]:
+    """promtool's expected alerts of ``rule`` after the last of ``samples``: labels and annotations as the
+    in-process evaluator renders them (``active``: what it has firing then)."""
+    expected = []
+    for name, labels in sorted(active):
+        if name != rule.name:
+            continue
+        value = _fired_value(samples, settings.thresholds, rule, labels)
+        annotations = settings.annotations(rule)
+        annotations["description"] = rule.render_description(
+            run, value, samples[-1].step, dict(labels), settings.thresholds)
+        expected.append({"exp_labels": {"severity": rule.severity, "run": run, **settings.selector_labels,
+                                        **dict(labels)},
+                         "exp_annotations": annotations})
+    return expected
 
 
 def _fired_value(samples: Sequence[_Sample], t: Thresholds, rule: Rule, labels: tuple) -> float:
