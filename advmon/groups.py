@@ -46,7 +46,9 @@ __all__ = [
     "PerGroup",
     "derived_pre_norm",
     "group_counts",
+    "RowKeys",
     "group_ids",
+    "group_ids_and_row_keys",
     "group_statistics",
     "merge_group_counts",
     "row_keys",
@@ -81,24 +83,53 @@ def group_ids(
     Raises:
         GroupsError: when the groups do not describe ``batch_size`` samples.
     """
+    return group_ids_and_row_keys(groups, batch_size, group_size, device)[0]
+
+
+def group_ids_and_row_keys(
+    groups: Any, batch_size: int, group_size: int | None = None, device: torch.device | None = None
+) -> tuple[torch.Tensor | None, RowKeys | None]:
+    """:func:`group_ids`, and for prompt rows the :class:`RowKeys` their grouping hashed on the way."""
     if group_size is not None:
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise GroupsError(f"group_size must be a positive int, got {group_size!r}")
-        return torch.arange(batch_size, device=device) // group_size
+        return torch.arange(batch_size, device=device) // group_size, None
     if groups is None:
-        return None
+        return None, None
     if isinstance(groups, np.ndarray) and groups.dtype.kind in "biuf":
         groups = torch.from_numpy(groups)
+    keys = None
     if isinstance(groups, torch.Tensor):
-        ids = _tensor_group_ids(groups.detach(), batch_size)
+        ids, keys = _tensor_group_ids(groups.detach(), batch_size)
     elif isinstance(groups, (Sequence, np.ndarray)) and not isinstance(groups, (str, bytes)):
         ids = _hashable_group_ids(groups, batch_size)
     else:
         raise GroupsError(f"groups must be a tensor, an array or a sequence, got {type(groups).__name__}")
-    return ids if device is None else to_device(ids, device)
+    return (ids if device is None else to_device(ids, device)), keys
 
 
-def _tensor_group_ids(groups: torch.Tensor, batch_size: int) -> torch.Tensor:
+class RowKeys(NamedTuple):
+    """The row hashes a batch's grouping took: :func:`row_keys` of any of its rows, without hashing again.
+
+    ``run_of_row`` maps each row to its entry of ``hashes`` (``None``: one entry per row).
+
+    Example:
+        >>> rows = torch.tensor([[5, 6], [5, 6], [7, 8]])
+        >>> ids, keys = group_ids_and_row_keys(rows, 3)
+        >>> torch.equal(keys.of(torch.tensor([2, 0])), row_keys(rows[[2, 0]]))
+        True
+    """
+
+    hashes: torch.Tensor
+    run_of_row: torch.Tensor | None = None
+
+    def of(self, rows: torch.Tensor) -> torch.Tensor:
+        """The keys of the batch's rows ``rows`` (indices on the hashes' device), as :func:`row_keys` makes them."""
+        hashes = self.hashes[rows if self.run_of_row is None else self.run_of_row[rows]]
+        return (hashes & _KEY_BITS).to(torch.float64)
+
+
+def _tensor_group_ids(groups: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, RowKeys | None]:
     if groups.dim() == 0 or groups.shape[0] != batch_size or groups.dim() > 2:
         raise GroupsError(
             f"expected group ids of shape [{batch_size}] or [{batch_size}, S], got {list(groups.shape)}"
@@ -106,9 +137,9 @@ def _tensor_group_ids(groups: torch.Tensor, batch_size: int) -> torch.Tensor:
     if groups.dim() == 2:
         return _hashed_row_group_ids(groups) if sync_free(groups) else _row_group_ids(groups)
     if batch_size == 0:
-        return torch.zeros(0, dtype=torch.long, device=groups.device)
+        return torch.zeros(0, dtype=torch.long, device=groups.device), None
     ordered, order = torch.sort(groups, stable=True)
-    return _in_original_order(order, _run_numbers(ordered[1:] != ordered[:-1]))
+    return _in_original_order(order, _run_numbers(ordered[1:] != ordered[:-1])), None
 
 
 def _run_numbers(changes: torch.Tensor) -> torch.Tensor:
@@ -128,25 +159,27 @@ def _in_original_order(order: torch.Tensor, values: torch.Tensor) -> torch.Tenso
     return torch.empty_like(values).index_copy_(0, order, values)
 
 
-def _row_group_ids(rows: torch.Tensor) -> torch.Tensor:
-    """Identical rows share a group, wherever they are in the batch."""
+def _row_group_ids(rows: torch.Tensor) -> tuple[torch.Tensor, RowKeys | None]:
+    """Identical rows share a group, wherever they are in the batch (and the runs' hashes, to name them)."""
     if rows.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.long, device=rows.device)
+        return torch.zeros(0, dtype=torch.long, device=rows.device), None
     # Groups are usually contiguous (repeat_interleave): compare only one row per
     # run instead of sorting every row of the batch.
     starts = torch.ones(rows.shape[0], dtype=torch.bool, device=rows.device)
     starts[1:] = (rows[1:] != rows[:-1]).any(dim=1)
     run_of_row = torch.cumsum(starts, 0) - 1
     representatives = rows[starts]
-    if torch.unique(_row_hashes(representatives)).shape[0] == representatives.shape[0]:
+    hashes = _row_hashes(representatives)
+    keys = RowKeys(hashes, run_of_row)
+    if torch.unique(hashes).shape[0] == representatives.shape[0]:
         # Every run is a different group (different hashes: different rows): the runs are the groups,
         # numbered in order of appearance, so ids rise along the batch and need no sort downstream.
-        return run_of_row
+        return run_of_row, keys
     _, group_of_run = torch.unique(representatives, dim=0, return_inverse=True)
-    return group_of_run[run_of_row]
+    return group_of_run[run_of_row], keys
 
 
-def _hashed_row_group_ids(rows: torch.Tensor) -> torch.Tensor:
+def _hashed_row_group_ids(rows: torch.Tensor) -> tuple[torch.Tensor, RowKeys | None]:
     """Identical rows share a group, found without ``torch.unique`` (which reads sizes back to the host).
 
     Rows are sorted by a 64-bit hash, so identical rows are neighbours; a group
@@ -156,12 +189,15 @@ def _hashed_row_group_ids(rows: torch.Tensor) -> torch.Tensor:
     could split a group.
     """
     if rows.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.long, device=rows.device)
-    order = torch.argsort(_row_hashes(rows), stable=True)
+        return torch.zeros(0, dtype=torch.long, device=rows.device), None
+    hashes = _row_hashes(rows)
+    order = torch.argsort(hashes, stable=True)
     ordered = rows[order]
-    return _in_original_order(order, _run_numbers((ordered[1:] != ordered[:-1]).any(dim=1)))
+    return _in_original_order(order, _run_numbers((ordered[1:] != ordered[:-1]).any(dim=1))), RowKeys(hashes)
 
 
+#: A row key is its hash's low 48 bits: exact in float64, which the record's transfer carries.
+_KEY_BITS = 0xFFFFFFFFFFFF
 #: Multipliers of the row hash (odd 64-bit constants, as signed int64).
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15
 _MIX = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -207,7 +243,7 @@ def row_keys(rows: torch.Tensor) -> torch.Tensor:
     """
     if not sync_free(rows) and rows.dtype != torch.bfloat16:
         return _host_row_keys(rows)
-    return (_row_hashes(rows) & 0xFFFFFFFFFFFF).to(torch.float64)
+    return (_row_hashes(rows) & _KEY_BITS).to(torch.float64)
 
 
 def _host_row_keys(chosen: torch.Tensor) -> torch.Tensor:
@@ -223,7 +259,7 @@ def _host_row_keys(chosen: torch.Tensor) -> torch.Tensor:
         mixed ^= (mixed >> 31) & 0x1FFFFFFFF
         mixed *= np.int64(_MIX)
         hashes = mixed.sum(axis=1, dtype=np.int64)
-    return torch.from_numpy((hashes & 0xFFFFFFFFFFFF).astype(np.float64))
+    return torch.from_numpy((hashes & _KEY_BITS).astype(np.float64))
 
 
 def _hashable_group_ids(groups: Sequence[Any] | np.ndarray, batch_size: int) -> torch.Tensor:

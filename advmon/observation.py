@@ -17,7 +17,15 @@ import torch
 
 from advmon.devices import sync_free, to_device, where_float64_works
 from advmon.exemplars import RewardSegments, reward_segments, worst_groups
-from advmon.groups import GroupsError, PerGroup, group_counts, group_ids, group_statistics, row_keys
+from advmon.groups import (
+    GroupsError,
+    PerGroup,
+    RowKeys,
+    group_counts,
+    group_ids_and_row_keys,
+    group_statistics,
+    row_keys,
+)
 from advmon.prefix_sketch import RowExtremes
 from advmon.row_summaries import RowSummary, row_summaries
 from advmon.slices import SliceIndex, slice_name, slice_table
@@ -248,6 +256,7 @@ class InputObservation:
     mask: torch.Tensor | None = None
     group_ids: torch.Tensor | None = None
     groups: Any = None
+    row_keys: RowKeys | None = None  #: prompt rows' hashes, taken by the grouping: the exemplars' keys
     group_size: int | None = None
     #: Exemplars wanted per call, and the multiple of the group bound that makes a group "beyond" it.
     exemplars: int = 0
@@ -310,7 +319,9 @@ def observe_inputs(
     parts = seen.parts
     parts.stages["rewards"] = [value_part(seen.rewards)]
     batch = seen.rewards.shape[0]
-    seen.group_ids = _attempt(problems, lambda: _group_ids(groups, group_size, batch, seen.rewards))
+    grouped = _attempt(problems, lambda: _group_ids(groups, group_size, batch, seen.rewards))
+    if grouped is not None:
+        seen.group_ids, seen.row_keys = grouped
     if seen.pending_slices is not None:
         _attempt(problems, lambda: _slice_slots(seen, batch, seen.rewards.device))
     seen.function_nonfinite = _function_nonfinite(functions, seen.rewards)
@@ -392,8 +403,8 @@ def observe_output(
             problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
     if parts.groups is None and batch is not None:
         # Without rewards, groups can still be counted from the advantages' batch.
-        ids = _attempt(problems, lambda: _group_ids(seen.groups, seen.group_size, batch, None))
-        parts.groups = group_counts(None, ids, reward_range)
+        grouped = _attempt(problems, lambda: _group_ids(seen.groups, seen.group_size, batch, None))
+        parts.groups = group_counts(None, None if grouped is None else grouped[0], reward_range)
     return parts
 
 
@@ -527,6 +538,8 @@ def _group_keys(seen: InputObservation, first: torch.Tensor) -> tuple[GroupKeys,
     if isinstance(groups, np.ndarray) and groups.dtype.kind in "biuf":
         groups = torch.from_numpy(groups)
     if isinstance(groups, torch.Tensor):
+        if groups.dim() == 2 and seen.row_keys is not None and seen.row_keys.hashes.device == first.device:
+            return GroupKeys("rows"), seen.row_keys.of(first)  # hashed already, when the rows were grouped
         chosen = to_device(groups.detach(), first.device)[first]
         if chosen.dim() == 2:
             return GroupKeys("rows"), row_keys(chosen)
@@ -575,8 +588,10 @@ def _batch_size(
     return batch
 
 
-def _group_ids(groups: Any, group_size: int | None, batch: int | None, rewards: torch.Tensor | None):
+def _group_ids(
+    groups: Any, group_size: int | None, batch: int | None, rewards: torch.Tensor | None
+) -> tuple[torch.Tensor | None, RowKeys | None] | None:
     if batch is None or (groups is None and group_size is None):
         return None
     device = rewards.device if rewards is not None else None
-    return group_ids(groups, batch, group_size=group_size, device=device)
+    return group_ids_and_row_keys(groups, batch, group_size=group_size, device=device)

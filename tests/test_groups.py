@@ -17,6 +17,7 @@ from advmon.groups import (
     derived_pre_norm,
     group_counts,
     group_ids,
+    group_ids_and_row_keys,
     group_statistics,
     row_keys,
 )
@@ -167,3 +168,19 @@ def test_row_keys_are_the_same_on_the_cpu_and_device_paths(rows):
         device = row_keys(rows)
     assert torch.equal(host, device)
     assert bool((host >= 0).all() and (host < 2**48).all())
+
+
+@pytest.mark.parametrize("path", ["cpu", "torch"])
+@pytest.mark.parametrize("arrangement", ["runs", "scattered"])
+def test_the_groupings_row_keys_are_row_keys(path, arrangement):
+    """Keys read from the hashes the grouping took equal row_keys of the rows, on both grouping paths."""
+    prompts = torch.randint(0, 32000, (9, 16), generator=torch.Generator().manual_seed(6))
+    rows = prompts.repeat_interleave(4, dim=0)
+    if arrangement == "scattered":  # identical rows apart: the CPU groups with torch.unique
+        rows = rows[torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(7))]
+        rows[5] = rows[30]
+    with statistics_path(path):
+        ids, keys = group_ids_and_row_keys(rows, rows.shape[0])
+        assert torch.equal(ids, group_ids(rows, rows.shape[0]))
+    samples = torch.arange(rows.shape[0]).flip(0)
+    assert torch.equal(keys.of(samples), row_keys(rows[samples]))
