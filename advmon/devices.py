@@ -33,12 +33,14 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Literal, TypeVar
 
+import numpy as np
 import torch
 
 __all__ = [
     "NO_FLOAT64",
     "PATHS",
     "attempt_triton",
+    "host_float64",
     "path_for",
     "statistics_path",
     "sync_free",
@@ -150,3 +152,20 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if tensor.device.type == "cpu" and device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
+
+
+def host_float64(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as a float64 NumPy array (itself when float64 already).
+
+    NumPy's conversion of a few thousand values costs less than a torch op's dispatch;
+    dtypes NumPy lacks (bfloat16) go through torch.
+
+    Example:
+        >>> host_float64(torch.tensor([1.5, 2.0], dtype=torch.float32)).dtype
+        dtype('float64')
+    """
+    if tensor.dtype == torch.float64:
+        return tensor.numpy()
+    if tensor.dtype == torch.bfloat16 or tensor.is_complex() or tensor.is_neg():
+        return tensor.to(torch.float64).numpy()
+    return tensor.numpy().astype(np.float64)

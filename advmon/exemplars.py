@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from advmon.devices import sync_free
+from advmon.devices import host_float64, sync_free
 
 __all__ = ["FIELDS", "REASONS", "RewardSegments", "reward_segments", "worst_groups"]
 
@@ -81,6 +81,9 @@ class RewardSegments(NamedTuple):
     max: torch.Tensor
     mean: torch.Tensor
     function_nonfinite: torch.Tensor  #: the reward functions' NaN and Inf scores in the group
+    #: On the host: each slot's first sample (then ``order`` is the identity when ``in_order``).
+    first: torch.Tensor | None = None
+    in_order: bool = False
 
 
 def reward_segments(
@@ -205,30 +208,37 @@ def worst_groups(
 def _host_reward_segments(
     rewards: torch.Tensor, ids: torch.Tensor, function_nonfinite: torch.Tensor | None
 ) -> RewardSegments:
-    """:func:`reward_segments` in NumPy, with one slot per group (no empty slots: shapes need not be fixed here)."""
-    r = rewards.to(torch.float64).numpy()
+    """:func:`reward_segments` in NumPy, with one slot per group (no empty slots: shapes need not be fixed here).
+
+    Counted in NumPy calls (each costs several microseconds after the trainer's and the mask's passes
+    emptied the caches): the common case (sorted ids, finite rewards) takes about twenty.
+    """
+    r = host_float64(rewards)
     g = ids.numpy()
     count = r.shape[0]
-    used = int(g.max()) + 1 if count else 0
     # Groups of consecutive samples (group_size blocks, verl's repeated uids, prompt rows numbered
     # by appearance) are sorted already: then sample order is group order, with no copy.
-    in_order = bool(np.all(g[1:] >= g[:-1]))
+    in_order = count == 0 or bool((g[1:] >= g[:-1]).all())
+    used = (int(g[-1]) if in_order else int(g.max())) + 1 if count else 0  # dense ids: the largest is the last
     order = np.arange(count) if in_order else np.argsort(g, kind="stable")
     bounds = np.searchsorted(g if in_order else g[order], np.arange(used + 1))
     starts = bounds[:used]
-    all_finite = bool(np.isfinite(r).all())
+    size = np.subtract(bounds[1:], bounds[:-1], dtype=np.float64)
+    # A NaN or Inf makes the sum non-finite (so does an overflow of finite rewards: the general branch is exact too).
+    all_finite = math.isfinite(r.sum())
 
     def summed(weights: np.ndarray) -> np.ndarray:
         return np.bincount(g, weights=weights, minlength=used)[:used]
 
-    size = np.bincount(g, minlength=used)[:used].astype(np.float64)
     if all_finite:
-        finite_count, nan_count = size, np.zeros(used)
+        finite_count = size
+        nan_count, inf_count = np.zeros(used), np.zeros(used)
         low_values = high_values = r if in_order else r[order]
     else:
         finite = np.isfinite(r)
         finite_count = summed(finite.astype(np.float64))
         nan_count = summed(np.isnan(r).astype(np.float64))
+        inf_count = size - finite_count - nan_count
         ordered, ordered_finite = (r, finite) if in_order else (r[order], finite[order])
         low_values = np.where(ordered_finite, ordered, np.inf)
         high_values = np.where(ordered_finite, ordered, -np.inf)
@@ -237,57 +247,67 @@ def _host_reward_segments(
         high = np.maximum.reduceat(high_values, starts)
     else:
         low = high = np.zeros(0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        # Sums of reward - group minimum, in sample order as the device path sums them.
-        above = r - low[g] if all_finite else np.where(finite, r - low[g], 0.0)
-        mean = low + summed(above) / finite_count
-    functions = np.zeros(used) if function_nonfinite is None else summed(function_nonfinite.to(torch.float64).numpy())
+    # Sums of reward - group minimum, in sample order as the device path sums them.
+    if all_finite:  # every group has a finite reward: no 0 / 0
+        mean = summed(r - low[g]) / finite_count + low
+    else:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = low + summed(np.where(finite, r - low[g], 0.0)) / finite_count
+    functions = np.zeros(used) if function_nonfinite is None else summed(host_float64(function_nonfinite))
     host = {
-        "size": size, "finite": finite_count, "nan": nan_count, "inf": size - finite_count - nan_count,
+        "size": size, "finite": finite_count, "nan": nan_count, "inf": inf_count,
         "min": low, "max": high, "mean": mean, "function_nonfinite": functions,
     }
     return RewardSegments(order=torch.from_numpy(order), bounds=torch.from_numpy(bounds),
-                          **{name: torch.from_numpy(values) for name, values in host.items()})
+                          **{name: torch.from_numpy(values) for name, values in host.items()},
+                          first=torch.from_numpy(starts if in_order else order[starts]), in_order=in_order)
 
 
 def _host_worst_groups(
     segments: RewardSegments, abs_max: torch.Tensor | None, nonfinite: torch.Tensor | None, k: int, bound_factor: float
 ) -> torch.Tensor:
-    # Few ops, most of them over the groups and only the table's k rows built: a call's fixed cost here
-    # is its number of NumPy calls (each a few microseconds, more after the mask's pass emptied the caches).
-    order, bounds = segments.order.numpy(), segments.bounds.numpy()
+    # A call's fixed cost here is its number of NumPy calls (each a few microseconds, several more once
+    # the mask's pass emptied the caches): few of them, over the groups, and the common case's only.
     size = segments.size.numpy()
     slots = size.shape[0]  # every slot is a group here, on the host (the device's empty slots come last)
-    starts = bounds[:slots]
-    in_order = slots == 0 or bool(np.all(order[1:] > order[:-1]))  # a permutation that rises is the identity
-    peak = np.full(slots, np.nan)
-    bad = np.zeros(slots)
+    order = segments.order.numpy()
+    starts = segments.bounds.numpy()[:slots]
+    peak = bad = None
     if abs_max is not None and nonfinite is not None and slots:
-        per_sample = abs_max.to(torch.float64).numpy()
-        grouped = np.maximum.reduceat(per_sample if in_order else per_sample[order], starts)
-        peak = np.where(grouped == -np.inf, np.nan, grouped)
-        broken = nonfinite.to(torch.float64).numpy()
+        per_sample = host_float64(abs_max)
+        peak = np.maximum.reduceat(per_sample if segments.in_order else per_sample[order], starts)
+        if peak.min() == -np.inf:
+            peak[peak == -np.inf] = np.nan  # no finite advantage in the group
+        broken = host_float64(nonfinite)
         if broken.any():
-            bad = np.add.reduceat(broken if in_order else broken[order], starts)
-    # nan for groups of one (no bound); the maximum keeps the square root's argument positive, without warnings.
-    ratio = np.where(size < 2, np.nan, peak / (size / np.sqrt(np.maximum(size - 1, 1))))
+            bad = np.add.reduceat(broken if segments.in_order else broken[order], starts)
+    peak = np.full(slots, np.nan) if peak is None else peak
+    bad = np.zeros(slots) if bad is None else bad
+    if slots and size.min() >= 2:
+        ratio = peak / (size / np.sqrt(size - 1))
+    else:  # nan for groups of one (no bound); the maximum keeps the square root's argument positive
+        ratio = np.where(size < 2, np.nan, peak / (size / np.sqrt(np.maximum(size - 1, 1))))
     reward_bad = segments.nan.numpy() + segments.inf.numpy()
     function_bad = segments.function_nonfinite.numpy()
+    # Reason codes rank by priority (the smallest that applies): a group with a peak is a largest |A|,
+    # beyond the bound if its ratio is (a NaN ratio is neither).
+    reason = NOT_CHOSEN - (peak >= 0) - (ratio > bound_factor)
     nonfinite_total = reward_bad + function_bad + bad
-    reason = np.where(ratio > bound_factor, _REASON["beyond_bound"],
-                      np.where(peak >= 0, _REASON["largest_abs_advantage"], NOT_CHOSEN))
     if nonfinite_total.any():  # rare: a NaN or Inf somewhere
-        # Reason codes rank by priority: the smallest that applies.
         reason = np.minimum(reason, np.where(bad > 0, _REASON["nonfinite_advantages"], NOT_CHOSEN))
         reason = np.minimum(reason, np.where(function_bad > 0, _REASON["nonfinite_reward_functions"], NOT_CHOSEN))
         reason = np.minimum(reason, np.where(reward_bad > 0, _REASON["nonfinite_rewards"], NOT_CHOSEN))
+        keys = (-np.fmax(peak, -1.0), -nonfinite_total, reason)  # fmax: NaN -> -1
+    else:
+        keys = (-np.fmax(peak, -1.0), reason)
     # Worst first (np.lexsort: last key first, stable): reason, most non-finite values, largest |A|.
-    ranked = np.lexsort((-np.fmax(peak, -1.0), -nonfinite_total, reason))[: min(k, slots)]  # fmax: NaN -> -1
+    ranked = np.lexsort(keys)[: min(k, slots)]
+    first = (segments.first.numpy() if segments.first is not None
+             else order[np.minimum(starts, max(order.shape[0] - 1, 0))])
     finite = segments.finite.numpy()
-    no_finite = finite == 0
     columns = {
         "reason": reason,
-        "first_sample": order[np.minimum(starts, max(order.shape[0] - 1, 0))],
+        "first_sample": first,
         "size": size,
         "reward_finite_count": finite,
         "reward_nan_count": segments.nan.numpy(),
@@ -301,8 +321,11 @@ def _host_worst_groups(
         "advantage_bound_ratio": ratio,
     }
     # Only the k chosen rows are taken, column by column (measured faster than one stack of every group).
-    table = np.array([columns[name][ranked] for name in FIELDS]).T.copy()
-    unknown = no_finite[ranked]  # a group without a finite reward has no reward range
-    table[unknown, _COLUMN["reward_min"]] = np.nan
-    table[unknown, _COLUMN["reward_max"]] = np.nan
+    table = np.empty((ranked.shape[0], len(FIELDS)))
+    for index, name in enumerate(FIELDS):
+        table[:, index] = columns[name][ranked]
+    unknown = finite[ranked] == 0  # a group without a finite reward has no reward range
+    if unknown.any():
+        table[unknown, _COLUMN["reward_min"]] = np.nan
+        table[unknown, _COLUMN["reward_max"]] = np.nan
     return torch.from_numpy(table)

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from advmon.devices import sync_free
+from advmon.devices import host_float64, sync_free
 from advmon.stats import row_valid_counts
 
 __all__ = ["RowSummary", "row_summaries"]
@@ -89,12 +89,13 @@ def _per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bool) -
 
 def _host_per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bool) -> RowSummary:
     """:func:`_per_value` in NumPy on the CPU: a few thousand values cost torch's per-op overhead, not arithmetic."""
-    v = values.to(torch.float64).numpy()
+    v = host_float64(values)
     magnitude = np.abs(v)
-    w = None if weights is None else weights.to(torch.float64).numpy()
-    if np.isfinite(magnitude).all():  # the common case, in fewer ops: nothing is broken, validity is the weights' alone
+    w = None if weights is None else host_float64(weights)
+    # A NaN or Inf makes the sum non-finite (so does an overflow of finite values: the general branch is exact too).
+    if math.isfinite(np.add.reduce(magnitude)):  # the common case, in fewer ops: nothing is broken
         bad = np.zeros(v.shape[0])
-        usable = None if w is None else w > 0
+        usable = None if w is None or np.minimum.reduce(w, initial=math.inf) > 0 else w > 0
     else:
         usable = magnitude < math.inf  # NaN and Inf fail it
         bad = (~usable if w is None else (w > 0) & ~usable).astype(np.float64)
@@ -103,8 +104,9 @@ def _host_per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bo
     abs_max = magnitude if usable is None else np.where(usable, magnitude, -math.inf)
     if not sums:
         return RowSummary(torch.from_numpy(abs_max), torch.from_numpy(bad))
-    if usable is None:
-        count, total = np.ones(v.shape[0]), v.copy()  # v may be the caller's own memory
+    if usable is None:  # every sample valid and finite: v and w may be the caller's own memory
+        count = np.ones(v.shape[0]) if w is None else w.copy()
+        total = v.copy() if w is None else v * w
     else:
         count = usable.astype(np.float64) if w is None else np.where(usable, w, 0.0)
         total = np.where(usable, v, 0.0) * count

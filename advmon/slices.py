@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from advmon.devices import sync_free
+from advmon.devices import host_float64, sync_free
 from advmon.exemplars import RewardSegments
 from advmon.row_summaries import RowSummary
 
@@ -223,48 +223,56 @@ def _host_slice_table(
 ) -> torch.Tensor:
     """:func:`slice_table` in NumPy on the CPU (torch's per-op overhead outweighs a few thousand samples).
 
-    The table is filled in place, column by column, with as few NumPy calls as the
-    common case allows (no NaN or Inf reward: the finite count is the sample count).
+    The table is filled in place, column by column, with as few NumPy calls as the common
+    case allows (no NaN or Inf reward: the finite count is the sample count): each costs
+    several microseconds once the mask's pass has emptied the caches.
     """
     slot = slots.numpy()
-    table = np.full((count, len(SLICE_FIELDS)), np.nan)
+    table = np.empty((count, len(SLICE_FIELDS)))
     column = _SLICE_COLUMN
 
     def summed(weights: np.ndarray | None = None) -> np.ndarray:
-        return np.bincount(slot, weights=weights, minlength=count)[:count]
+        return np.bincount(slot, weights, count)  # slots are below count: exactly count sums
 
-    table[:, column["samples"]] = summed()
+    samples = table[:, column["samples"]] = summed()
     table[:, column["reward_function_nonfinite"]] = (
-        0.0 if function_nonfinite is None else summed(function_nonfinite.to(torch.float64).numpy()))
-    if rewards is not None:
-        r = rewards.to(torch.float64).numpy()
-        if np.isfinite(r).all():
-            table[:, column["reward_finite_count"]] = table[:, column["samples"]]
+        0.0 if function_nonfinite is None else summed(host_float64(function_nonfinite)))
+    if rewards is None:
+        table[:, column["reward_finite_count"] : column["reward_inf_count"] + 1] = np.nan
+    else:
+        r = host_float64(rewards)
+        if math.isfinite(np.add.reduce(r)):  # a NaN or Inf makes it non-finite (an overflow too: then exactly below)
+            table[:, column["reward_finite_count"]] = samples
             table[:, column["reward_sum"]] = summed(r)
-            table[:, column["reward_nan_count"]] = table[:, column["reward_inf_count"]] = 0.0
+            table[:, column["reward_nan_count"] : column["reward_inf_count"] + 1] = 0.0
         else:
             finite, nan = np.isfinite(r), np.isnan(r)
             table[:, column["reward_finite_count"]] = summed(finite.astype(np.float64))
             table[:, column["reward_sum"]] = summed(np.where(finite, r, 0.0))
             table[:, column["reward_nan_count"]] = summed(nan.astype(np.float64))
             table[:, column["reward_inf_count"]] = summed((~finite & ~nan).astype(np.float64))
-    if segments is not None:
-        order, bounds, size = segments.order.numpy(), segments.bounds.numpy(), segments.size.numpy()
+    if segments is None:
+        table[:, column["groups_comparable"] : column["groups_zero_std"] + 1] = np.nan
+    else:
         finite_count, low, high = segments.finite.numpy(), segments.min.numpy(), segments.max.numpy()
-        first = order[np.minimum(bounds[:-1], max(order.shape[0] - 1, 0))]
-        if not size.all():  # empty group slots (none on the host, where each slot is a group): dropped
-            used = size > 0
+        if segments.first is not None:  # the host's segments: every slot is a group
+            first = segments.first.numpy()
+        else:
+            order, bounds, size = segments.order.numpy(), segments.bounds.numpy(), segments.size.numpy()
+            first = order[np.minimum(bounds[:-1], max(order.shape[0] - 1, 0))]
+            used = size > 0  # empty group slots are dropped
             first, finite_count, low, high = first[used], finite_count[used], low[used], high[used]
-        group_slot = slot[first] if first.size else np.zeros(0, dtype=slot.dtype)
+        group_slot = slot[first]
         comparable = finite_count >= 2
-        table[:, column["groups_comparable"]] = np.bincount(group_slot, weights=comparable, minlength=count)[:count]
-        table[:, column["groups_zero_std"]] = np.bincount(group_slot, weights=comparable & (low == high),
-                                                          minlength=count)[:count]
-    if rows is not None and rows.total is not None:
-        peak = np.full(count, -np.inf)
-        np.maximum.at(peak, slot, rows.abs_max.to(torch.float64).numpy())
+        table[:, column["groups_comparable"]] = np.bincount(group_slot, comparable, count)
+        table[:, column["groups_zero_std"]] = np.bincount(group_slot, comparable & (low == high), count)
+    if rows is None or rows.total is None:
+        table[:, column["advantage_count"] : column["advantage_abs_max"] + 1] = np.nan
+    else:
+        peak = table[:, column["advantage_abs_max"]]
+        peak.fill(-np.inf)
+        np.maximum.at(peak, slot, host_float64(rows.abs_max))
         peak[peak == -np.inf] = np.nan  # no finite advantage in the slice
-        table[:, column["advantage_count"]] = summed(rows.count.to(torch.float64).numpy())
-        table[:, column["advantage_sum"]] = summed(rows.total.to(torch.float64).numpy())
-        table[:, column["advantage_abs_max"]] = peak
+        table[:, column["advantage_count"]] = summed(host_float64(rows.count))
+        table[:, column["advantage_sum"]] = summed(host_float64(rows.total))
     return torch.from_numpy(table)
