@@ -532,9 +532,8 @@ def _from_extremes(extremes: RowExtremes, advantages: torch.Tensor, mask: torch.
 def _group_keys(seen: InputObservation, first: torch.Tensor) -> tuple[GroupKeys, torch.Tensor]:
     """How to name the chosen groups, and the numbers that name them (read on the device: no sync)."""
     groups = seen.groups
-    nothing = torch.full(first.shape, math.nan, dtype=torch.float64, device=first.device)
     if seen.group_size is not None:
-        return GroupKeys("blocks", (seen.group_size, seen.rewards.shape[0])), nothing
+        return GroupKeys("blocks", (seen.group_size, seen.rewards.shape[0])), _no_keys(first)
     if isinstance(groups, np.ndarray) and groups.dtype.kind in "biuf":
         groups = torch.from_numpy(groups)
     if isinstance(groups, torch.Tensor):
@@ -544,7 +543,12 @@ def _group_keys(seen: InputObservation, first: torch.Tensor) -> tuple[GroupKeys,
         if chosen.dim() == 2:
             return GroupKeys("rows"), row_keys(chosen)
         return GroupKeys("ids"), chosen.to(torch.float64)
-    return GroupKeys("items", groups), nothing
+    return GroupKeys("items", groups), _no_keys(first)
+
+
+def _no_keys(first: torch.Tensor) -> torch.Tensor:
+    """The key column of groups named on the host from their first sample alone."""
+    return torch.full(first.shape, math.nan, dtype=torch.float64, device=first.device)
 
 
 def _attempt(problems: list[Problem], compute):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from advmon.sketch_format import _HIST_LEN, Part, host_level, recentered_sums
@@ -129,6 +130,7 @@ class RowExtremes:
         self._order = order
         self._in_order = (torch.empty(rows, dtype=self.high.dtype), torch.empty(rows, dtype=self.low.dtype),
                           torch.zeros(rows, dtype=torch.float64) if self.wants_sums else None)
+        self._high_view, self._low_view = self._in_order[0].numpy(), self._in_order[1].numpy()  # (CPU only)
         self._covered = 0
 
     def add_rectangle(self, span: slice, block: torch.Tensor) -> None:
@@ -143,9 +145,11 @@ class RowExtremes:
         torch.sum(block, dim=1, dtype=torch.float64, out=self._in_order[2][span])
 
     def span_extrema(self, span: slice) -> tuple[float, float]:
-        """(min, max) of the rows ``order[span]`` so far: NaN if one holds a NaN."""
-        high, low, _ = self._in_order
-        return float(low[span].min()), float(high[span].max())
+        """(min, max) of the rows ``order[span]`` so far: NaN if one holds a NaN (NumPy's reductions propagate it).
+
+        A block's worth of rows: two NumPy reductions cost less than two torch ops.
+        """
+        return float(np.minimum.reduce(self._low_view[span])), float(np.maximum.reduce(self._high_view[span]))
 
     def span_sum(self, span: slice) -> torch.Tensor:
         """The float64 sum of the rows ``order[span]`` (a 0-d tensor)."""
@@ -235,6 +239,7 @@ class _Layout:
         self.extremes = extremes
         #: (span of the sorted rows, start, width) of each rectangle in the block last yielded
         self.rectangles: list[tuple[slice, int, int]] = []
+        self._tails_added = False  #: whether :meth:`blocks` gave ``extremes`` the ragged tails
         # The ragged rest is at most group * T entries: a block, and a small share of a small batch.
         rows, cols = values.shape
         group = self.group_rows = max(1, min(GROUP_ROWS, BLOCK_ELEMENTS // max(cols, 1), rows // 32))
@@ -299,7 +304,13 @@ class _Layout:
         if self.ragged is not None:
             flat = self.flat()
             for start in range(0, self.ragged.numel(), BLOCK_ELEMENTS):
-                yield flat.index_select(0, self.ragged[start : start + BLOCK_ELEMENTS])
+                tails = flat.index_select(0, self.ragged[start : start + BLOCK_ELEMENTS])
+                if self.extremes is not None and self.ragged.numel() <= BLOCK_ELEMENTS:
+                    # The rows' tails, in one block (they always fit: see __init__), before the sketch
+                    # may centre it in place: gathered once for both.
+                    self.extremes.add_segments(self.ragged_rows, tails, self.ragged_lengths)
+                    self._tails_added = True
+                yield tails
 
     def _block_span(self) -> slice | None:
         """The sorted rows of the block just yielded (its rectangles' spans follow each other)."""
@@ -327,13 +338,13 @@ class _Layout:
         return self.extremes.span_sum(span)
 
     def ragged_extremes(self) -> None:
-        """Add the rows' ragged tails to ``extremes`` (the rectangles are added as :meth:`blocks` copies them)."""
+        """Complete ``extremes`` with the rows' ragged tails, unless :meth:`blocks` added them on the way."""
         if self.extremes is None:
             return
         self.extremes._flush()
-        if self.ragged is None:
+        if self.ragged is None or self._tails_added:
             return
-        tails = self.flat().index_select(0, self.ragged)  # at most a block of values
+        tails = self.flat().index_select(0, self.ragged)
         self.extremes.add_segments(self.ragged_rows, tails, self.ragged_lengths)
 
 
