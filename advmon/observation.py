@@ -515,18 +515,28 @@ FIRST_SAMPLE = 1
 
 def _from_extremes(extremes: RowExtremes, advantages: torch.Tensor, mask: torch.Tensor | None) -> RowSummary:
     """Per-row summaries from the sketch's row extremes; rows holding a NaN or Inf are done again exactly."""
-    peak = torch.maximum(extremes.high, -extremes.low).to(torch.float64)
-    counts = extremes.lengths.to(torch.float64)
-    has_valid = counts > 0
-    total = extremes.total.clone() if extremes.total is not None else torch.zeros_like(peak)
-    summary = RowSummary(peak.masked_fill(~has_valid, -math.inf), torch.zeros_like(peak), total, counts.clone())
-    suspect = torch.nonzero(has_valid & ~torch.isfinite(peak)).reshape(-1)  # on the CPU: no sync to fear
-    if suspect.numel():
+    summary, suspect = _host_from_extremes(extremes)
+    if suspect.size:
+        rows = torch.from_numpy(suspect)
         flat = advantages.reshape(advantages.shape[0], -1)
-        exact = row_summaries(flat[suspect], None if mask is None else mask.reshape(flat.shape)[suspect], sums=True)
+        exact = row_summaries(flat[rows], None if mask is None else mask.reshape(flat.shape)[rows], sums=True)
         for mine, theirs in zip(summary, exact):
-            mine[suspect] = theirs
+            mine[rows] = theirs
     return summary
+
+
+def _host_from_extremes(extremes: RowExtremes) -> tuple[RowSummary, np.ndarray]:
+    """The summaries in NumPy (a few ops over the rows: cheaper than torch's), and the rows to redo."""
+    peak = np.maximum(extremes.high.numpy(), np.negative(extremes.low.numpy()), dtype=np.float64)
+    counts = extremes.lengths.numpy().astype(np.float64)
+    if not counts.min(initial=1.0) > 0:
+        peak[counts == 0] = -math.inf  # a row without a valid value has no peak
+    finite = np.isfinite(peak)
+    suspect = np.zeros(0, dtype=np.int64) if finite.all() else np.flatnonzero(~finite & (counts > 0))
+    total = np.zeros(peak.shape[0]) if extremes.total is None else extremes.total.numpy().copy()
+    summary = RowSummary(torch.from_numpy(peak), torch.zeros(peak.shape[0], dtype=torch.float64),
+                         torch.from_numpy(total), torch.from_numpy(counts))
+    return summary, suspect
 
 
 def _group_keys(seen: InputObservation, first: torch.Tensor) -> tuple[GroupKeys, torch.Tensor]:
