@@ -151,9 +151,18 @@ class RowExtremes:
         """
         return float(np.minimum.reduce(self._low_view[span])), float(np.maximum.reduce(self._high_view[span]))
 
-    def span_sum(self, span: slice) -> torch.Tensor:
-        """The float64 sum of the rows ``order[span]`` (a 0-d tensor)."""
-        return self._in_order[2][span].sum()
+    def span_sums(self, spans: list[slice]) -> list[float]:
+        """The float64 sums of the rows ``order[span]`` for rising spans, in one NumPy call.
+
+        Each span's start and stop are cut points of ``reduceat``; the sums between them (a
+        block the sketch summed itself, or nothing) are dropped, the last span runs to the end.
+        """
+        if not spans:
+            return []
+        base = spans[0].start
+        totals = self._in_order[2].numpy()[base : spans[-1].stop]
+        cuts = [cut - base for span in spans for cut in (span.start, span.stop)][:-1]
+        return np.add.reduceat(totals, cuts)[::2].tolist()
 
     def _flush(self) -> None:
         if self._covered:
@@ -323,11 +332,11 @@ class _Layout:
         span = self._block_span()
         return None if span is None else self.extremes.span_extrema(span)
 
-    def rectangle_sums(self, block: torch.Tensor) -> torch.Tensor | None:
+    def rectangle_sums(self, block: torch.Tensor) -> slice | None:
         """Add the row sums of the block just yielded to ``extremes``, from ``block`` or a copy laid out alike.
 
-        Returns the whole block's float64 sum, from the row sums (``None`` when no row sums are wanted
-        or the block is not made of rectangles: a ragged block).
+        Returns the block's span of sorted rows, whose sums add up to the block's (``None`` when no row
+        sums are wanted or the block is not made of rectangles: a ragged block).
         """
         span = self._block_span()
         if span is None or not self.extremes.wants_sums:
@@ -335,7 +344,7 @@ class _Layout:
         for rows, start, width in self.rectangles:
             size = (rows.stop - rows.start) * width
             self.extremes.add_rectangle_sums(rows, block[start : start + size].view(-1, width))
-        return self.extremes.span_sum(span)
+        return span
 
     def ragged_extremes(self) -> None:
         """Complete ``extremes`` with the rows' ragged tails, unless :meth:`blocks` added them on the way."""
@@ -434,6 +443,9 @@ class _BlockSums:
         self._first_exact = abs(window.first) < (1 << 24 if self._bin_in_float32 else 1 << 53)
         self._scaled_dtype = torch.float32 if self._bin_in_float32 else torch.float64
         self._buffers: dict[str, torch.Tensor] = {}
+        #: Blocks whose centred sum comes from their rows' sums: (index in the sums, rows' span, size * centre).
+        self._from_rows: list[tuple[int, slice, float]] = []
+        self._rows: RowExtremes | None = None
 
     def add(self, block: torch.Tensor, layout: _Layout | None = None) -> None:
         """Add a block's values; with the ``layout`` that yielded it, its rows' summaries are shared.
@@ -443,6 +455,8 @@ class _BlockSums:
         """
         extrema = None if layout is None else layout.block_extrema()
         low, high = extrema if extrema is not None else (float(v) for v in torch.aminmax(block))
+        if layout is not None:
+            self._rows = layout.extremes
         if not (math.isfinite(low) and math.isfinite(high)):
             if layout is not None:
                 layout.rectangle_sums(block)  # before its NaN and Inf are dropped: the rows' layout holds only now
@@ -460,7 +474,7 @@ class _BlockSums:
         self.lows.append(low)
         self.highs.append(high)
         copy = block if block.dtype == torch.float64 else self._buffer("float64", block.numel(), torch.float64).copy_(block)
-        block_sum = None if layout is None else layout.rectangle_sums(copy)  # before it is centred below
+        rows = None if layout is None else layout.rectangle_sums(copy)  # before it is centred below
         if not self.window_missed and self.window.holds(low, high):
             self._count_bins(block if self._bin_in_float32 else copy)
         else:
@@ -471,9 +485,13 @@ class _BlockSums:
         center = low / 2 + high / 2  # halves first: no overflow near the float limits
         copy.sub_(center)
         self.sizes.append(block.numel())
-        # From the rows' sums when slices took them: a 0-d op instead of a pass (the centred sum's
-        # rounding grows with |center| instead of the spread: still ~1e-16 of the mean, see the tests).
-        first_sums.append(copy.sum() if block_sum is None else block_sum - block.numel() * center)
+        if rows is None:
+            first_sums.append(copy.sum())
+        else:
+            # From the rows' sums when slices took them, added up once at the end: a pass fewer (the
+            # centred sum's rounding grows with |center| instead of the spread: ~1e-16 of the mean still).
+            self._from_rows.append((len(first_sums), rows, block.numel() * center))
+            first_sums.append(_NOT_YET)
         second_sums.append(torch.dot(copy, copy))
 
     def _count_bins(self, block: torch.Tensor) -> None:
@@ -528,7 +546,15 @@ class _BlockSums:
         center = low / 2 + high / 2
         block_centers = [block_low / 2 + block_high / 2 for block_low, block_high in zip(self.lows, self.highs)]
         firsts, seconds = torch.stack([torch.stack(self._sums[1]), torch.stack(self._sums[2])]).tolist()
+        if self._from_rows:
+            totals = self._rows.span_sums([span for _, span, _ in self._from_rows])
+            for (index, _, shift), total in zip(self._from_rows, totals):
+                firsts[index] = total - shift
         return center, *recentered_sums(zip(self.sizes, block_centers, firsts, seconds), center)
+
+
+#: A block's place in the list of centred sums until its rows' sums are added up (see ``_from_rows``).
+_NOT_YET = torch.zeros((), dtype=torch.float64)
 
 
 def _histogram_pass(layout: _Layout, level: int, first: int) -> torch.Tensor:

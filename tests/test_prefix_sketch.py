@@ -290,8 +290,12 @@ def test_row_extremes_taken_on_the_way_match_numpy(dtype):
     x[nan_row, 5] = math.nan
     values = torch.from_numpy(x).to(dtype)
     extremes = prefix_sketch.RowExtremes(rows, dtype, sums=True)
-    assert prefix_part(values, torch.from_numpy(lengths), extremes) is not None
-    assert extremes.complete
+    part = prefix_part(values, torch.from_numpy(lengths), extremes)
+    assert part is not None and extremes.complete
+    # The blocks' sums came from their rows' (the NaN's block from its own finite values): the same statistics.
+    assert_stats_close(summarize([part]), value_stats(values.numpy(), prefix_mask(lengths, cols).numpy()),
+                       exact_percentiles=False)
+    assert_same_sketch(part, prefix_part(values, torch.from_numpy(lengths)))
     seen = values.double().numpy()
     for row in range(rows):
         valid = seen[row, : lengths[row]]
