@@ -75,7 +75,7 @@ class SliceIndex:
         self.max_slices = max_slices
         self._slots: dict[str, int] = {}
         self._folded: set[str] = set()
-        self._known: dict[str, bytes] = {}  #: text labels already given a slot, as that slot's one byte
+        self._known: dict[str, int] = {}  #: text labels already given a slot (below 256: one byte each)
 
     @property
     def slots(self) -> int:
@@ -97,13 +97,13 @@ class SliceIndex:
         if isinstance(labels, np.ndarray):
             labels = labels.tolist()
         try:
-            # Labels seen before (text, the common case) are looked up in C, without a Python loop: each
-            # as its slot's one byte, joined (making 4,096 Python ints into int64 costs twice as much).
+            # Labels seen before (text, the common case) are looked up in C, without a Python loop, and
+            # their slots made one byte each by bytes() (np.array of 4,096 Python ints costs twice as much).
             if len(labels) > 1:
                 found = operator.itemgetter(*labels)(self._known)
             else:  # itemgetter of one key returns the value, not a tuple
                 found = tuple(map(self._known.__getitem__, labels))
-            return np.frombuffer(b"".join(found), dtype=np.uint8).astype(np.int64)
+            return np.frombuffer(bytes(found), dtype=np.uint8).astype(np.int64)
         except (KeyError, TypeError):
             pass
         try:
@@ -123,7 +123,7 @@ class SliceIndex:
                 slot = self.max_slices
         if isinstance(label, str) and self.slots <= 256:
             # Only text is remembered as given: 1, 1.0 and True are equal keys with different names.
-            self._known[label] = bytes((slot,))
+            self._known[label] = slot
         return slot
 
     def slot_names(self) -> list[str | None]:
