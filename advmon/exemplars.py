@@ -87,16 +87,16 @@ class RewardSegments(NamedTuple):
 
 
 def reward_segments(
-    rewards: torch.Tensor, ids: torch.Tensor, function_nonfinite: torch.Tensor | None = None
+    rewards: torch.Tensor, ids: torch.Tensor, function_nonfinite: torch.Tensor | None = None, rising: bool = False
 ) -> RewardSegments:
     """Every group's reward values, taken before the estimator runs (it may change rewards in place).
 
     ``ids`` are dense group ids in ``[0, B)`` (:func:`advmon.groups.group_ids`);
     ``function_nonfinite`` counts, per sample, the reward functions whose score is
-    NaN or Inf.
+    NaN or Inf; ``rising`` says the ids are known not to decrease (else the CPU looks).
     """
     if not sync_free(rewards):
-        return _host_reward_segments(rewards, ids, function_nonfinite)
+        return _host_reward_segments(rewards, ids, function_nonfinite, rising)
     rewards = rewards.to(torch.float64)
     count = rewards.shape[0]
     order = torch.argsort(ids, stable=True)
@@ -206,7 +206,7 @@ def worst_groups(
 
 
 def _host_reward_segments(
-    rewards: torch.Tensor, ids: torch.Tensor, function_nonfinite: torch.Tensor | None
+    rewards: torch.Tensor, ids: torch.Tensor, function_nonfinite: torch.Tensor | None, rising: bool = False
 ) -> RewardSegments:
     """:func:`reward_segments` in NumPy, with one slot per group (no empty slots: shapes need not be fixed here).
 
@@ -218,7 +218,7 @@ def _host_reward_segments(
     count = r.shape[0]
     # Groups of consecutive samples (group_size blocks, verl's repeated uids, prompt rows numbered
     # by appearance) are sorted already: then sample order is group order, with no copy.
-    in_order = count == 0 or bool((g[1:] >= g[:-1]).all())
+    in_order = rising or count == 0 or bool((g[1:] >= g[:-1]).all())
     used = (int(g[-1]) if in_order else int(g.max())) + 1 if count else 0  # dense ids: the largest is the last
     order = np.arange(count) if in_order else np.argsort(g, kind="stable")
     bounds = np.searchsorted(g if in_order else g[order], np.arange(used + 1))

@@ -42,6 +42,7 @@ from advmon.devices import attempt_triton, path_for, sync_free, to_device
 
 __all__ = [
     "GROUP_COUNT_FIELDS",
+    "Grouping",
     "GroupsError",
     "PerGroup",
     "derived_pre_norm",
@@ -83,29 +84,36 @@ def group_ids(
     Raises:
         GroupsError: when the groups do not describe ``batch_size`` samples.
     """
-    return group_ids_and_row_keys(groups, batch_size, group_size, device)[0]
+    return group_ids_and_row_keys(groups, batch_size, group_size, device).ids
+
+
+class Grouping(NamedTuple):
+    """:func:`group_ids`, with what finding them showed on the way."""
+
+    ids: torch.Tensor | None
+    row_keys: RowKeys | None = None  #: prompt rows' hashes, to name their groups (:class:`RowKeys`)
+    rising: bool = False  #: the ids are known not to decrease along the batch (else: not known)
 
 
 def group_ids_and_row_keys(
     groups: Any, batch_size: int, group_size: int | None = None, device: torch.device | None = None
-) -> tuple[torch.Tensor | None, RowKeys | None]:
+) -> Grouping:
     """:func:`group_ids`, and for prompt rows the :class:`RowKeys` their grouping hashed on the way."""
     if group_size is not None:
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise GroupsError(f"group_size must be a positive int, got {group_size!r}")
-        return torch.arange(batch_size, device=device) // group_size, None
+        return Grouping(torch.arange(batch_size, device=device) // group_size, rising=True)
     if groups is None:
-        return None, None
+        return Grouping(None)
     if isinstance(groups, np.ndarray) and groups.dtype.kind in "biuf":
         groups = torch.from_numpy(groups)
-    keys = None
     if isinstance(groups, torch.Tensor):
-        ids, keys = _tensor_group_ids(groups.detach(), batch_size)
+        found = _tensor_group_ids(groups.detach(), batch_size)
     elif isinstance(groups, (Sequence, np.ndarray)) and not isinstance(groups, (str, bytes)):
-        ids = _hashable_group_ids(groups, batch_size)
+        found = Grouping(_hashable_group_ids(groups, batch_size))
     else:
         raise GroupsError(f"groups must be a tensor, an array or a sequence, got {type(groups).__name__}")
-    return (ids if device is None else to_device(ids, device)), keys
+    return found if device is None else found._replace(ids=to_device(found.ids, device))
 
 
 class RowKeys(NamedTuple):
@@ -115,7 +123,7 @@ class RowKeys(NamedTuple):
 
     Example:
         >>> rows = torch.tensor([[5, 6], [5, 6], [7, 8]])
-        >>> ids, keys = group_ids_and_row_keys(rows, 3)
+        >>> keys = group_ids_and_row_keys(rows, 3).row_keys
         >>> torch.equal(keys.of(torch.tensor([2, 0])), row_keys(rows[[2, 0]]))
         True
     """
@@ -138,7 +146,7 @@ def _host_keys_of(keys: RowKeys, rows: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy((hashes & _KEY_BITS).astype(np.float64))
 
 
-def _tensor_group_ids(groups: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, RowKeys | None]:
+def _tensor_group_ids(groups: torch.Tensor, batch_size: int) -> Grouping:
     if groups.dim() == 0 or groups.shape[0] != batch_size or groups.dim() > 2:
         raise GroupsError(
             f"expected group ids of shape [{batch_size}] or [{batch_size}, S], got {list(groups.shape)}"
@@ -146,9 +154,9 @@ def _tensor_group_ids(groups: torch.Tensor, batch_size: int) -> tuple[torch.Tens
     if groups.dim() == 2:
         return _hashed_row_group_ids(groups) if sync_free(groups) else _row_group_ids(groups)
     if batch_size == 0:
-        return torch.zeros(0, dtype=torch.long, device=groups.device), None
+        return Grouping(torch.zeros(0, dtype=torch.long, device=groups.device), rising=True)
     ordered, order = torch.sort(groups, stable=True)
-    return _in_original_order(order, _run_numbers(ordered[1:] != ordered[:-1])), None
+    return Grouping(_in_original_order(order, _run_numbers(ordered[1:] != ordered[:-1])))
 
 
 def _run_numbers(changes: torch.Tensor) -> torch.Tensor:
@@ -168,10 +176,10 @@ def _in_original_order(order: torch.Tensor, values: torch.Tensor) -> torch.Tenso
     return torch.empty_like(values).index_copy_(0, order, values)
 
 
-def _row_group_ids(rows: torch.Tensor) -> tuple[torch.Tensor, RowKeys | None]:
+def _row_group_ids(rows: torch.Tensor) -> Grouping:
     """Identical rows share a group, wherever they are in the batch (and the runs' hashes, to name them)."""
     if rows.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.long, device=rows.device), None
+        return Grouping(torch.zeros(0, dtype=torch.long, device=rows.device), rising=True)
     # Groups are usually contiguous (repeat_interleave): compare only one row per
     # run instead of sorting every row of the batch.
     starts = torch.ones(rows.shape[0], dtype=torch.bool, device=rows.device)
@@ -183,12 +191,12 @@ def _row_group_ids(rows: torch.Tensor) -> tuple[torch.Tensor, RowKeys | None]:
     if torch.unique(hashes).shape[0] == representatives.shape[0]:
         # Every run is a different group (different hashes: different rows): the runs are the groups,
         # numbered in order of appearance, so ids rise along the batch and need no sort downstream.
-        return run_of_row, keys
+        return Grouping(run_of_row, keys, rising=True)
     _, group_of_run = torch.unique(representatives, dim=0, return_inverse=True)
-    return group_of_run[run_of_row], keys
+    return Grouping(group_of_run[run_of_row], keys)
 
 
-def _hashed_row_group_ids(rows: torch.Tensor) -> tuple[torch.Tensor, RowKeys | None]:
+def _hashed_row_group_ids(rows: torch.Tensor) -> Grouping:
     """Identical rows share a group, found without ``torch.unique`` (which reads sizes back to the host).
 
     Rows are sorted by a 64-bit hash, so identical rows are neighbours; a group
@@ -198,11 +206,11 @@ def _hashed_row_group_ids(rows: torch.Tensor) -> tuple[torch.Tensor, RowKeys | N
     could split a group.
     """
     if rows.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.long, device=rows.device), None
+        return Grouping(torch.zeros(0, dtype=torch.long, device=rows.device), rising=True)
     hashes = _row_hashes(rows)
     order = torch.argsort(hashes, stable=True)
     ordered = rows[order]
-    return _in_original_order(order, _run_numbers((ordered[1:] != ordered[:-1]).any(dim=1))), RowKeys(hashes)
+    return Grouping(_in_original_order(order, _run_numbers((ordered[1:] != ordered[:-1]).any(dim=1))), RowKeys(hashes))
 
 
 #: A row key is its hash's low 48 bits: exact in float64, which the record's transfer carries.

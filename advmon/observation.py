@@ -18,6 +18,7 @@ import torch
 from advmon.devices import sync_free, to_device, where_float64_works
 from advmon.exemplars import RewardSegments, reward_segments, worst_groups
 from advmon.groups import (
+    Grouping,
     GroupsError,
     PerGroup,
     RowKeys,
@@ -318,16 +319,19 @@ def observe_inputs(
         return seen  # slices, if any, are taken with the advantages' batch
     parts = seen.parts
     parts.stages["rewards"] = [value_part(seen.rewards)]
+    if not sync_free(seen.rewards):
+        # Every consumer below (group values, worst groups, slices) works in float64: converted once here.
+        seen.rewards = seen.rewards.to(torch.float64)
     batch = seen.rewards.shape[0]
     grouped = _attempt(problems, lambda: _group_ids(groups, group_size, batch, seen.rewards))
     if grouped is not None:
-        seen.group_ids, seen.row_keys = grouped
+        seen.group_ids, seen.row_keys, rising = grouped
     if seen.pending_slices is not None:
         _attempt(problems, lambda: _slice_slots(seen, batch, seen.rewards.device))
     seen.function_nonfinite = _function_nonfinite(functions, seen.rewards)
     if (exemplars > 0 or seen.slice_slots is not None) and seen.group_ids is not None:
         try:
-            seen.segments = reward_segments(seen.rewards, seen.group_ids, seen.function_nonfinite)
+            seen.segments = reward_segments(seen.rewards, seen.group_ids, seen.function_nonfinite, rising=rising)
         except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
             problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
     parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, reward_range, _shared_groups(seen))
@@ -404,7 +408,7 @@ def observe_output(
     if parts.groups is None and batch is not None:
         # Without rewards, groups can still be counted from the advantages' batch.
         grouped = _attempt(problems, lambda: _group_ids(seen.groups, seen.group_size, batch, None))
-        parts.groups = group_counts(None, None if grouped is None else grouped[0], reward_range)
+        parts.groups = group_counts(None, None if grouped is None else grouped.ids, reward_range)
     return parts
 
 
@@ -604,7 +608,7 @@ def _batch_size(
 
 def _group_ids(
     groups: Any, group_size: int | None, batch: int | None, rewards: torch.Tensor | None
-) -> tuple[torch.Tensor | None, RowKeys | None] | None:
+) -> Grouping | None:
     if batch is None or (groups is None and group_size is None):
         return None
     device = rewards.device if rewards is not None else None

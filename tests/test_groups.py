@@ -180,7 +180,17 @@ def test_the_groupings_row_keys_are_row_keys(path, arrangement):
         rows = rows[torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(7))]
         rows[5] = rows[30]
     with statistics_path(path):
-        ids, keys = group_ids_and_row_keys(rows, rows.shape[0])
+        ids, keys, rising = group_ids_and_row_keys(rows, rows.shape[0])
         assert torch.equal(ids, group_ids(rows, rows.shape[0]))
+    assert rising == (path == "cpu" and arrangement == "runs")  # said only where the numbering guarantees it
+    if rising:
+        assert bool((ids[1:] >= ids[:-1]).all())
     samples = torch.arange(rows.shape[0]).flip(0)
     assert torch.equal(keys.of(samples), row_keys(rows[samples]))
+
+
+def test_only_numberings_that_cannot_fall_are_said_to_rise():
+    blocks = group_ids_and_row_keys(None, 10, group_size=3)
+    assert blocks.rising and blocks.ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    uids = group_ids_and_row_keys(["b", "a", "b"], 3)  # numbered by appearance, but may fall
+    assert not uids.rising and uids.ids.tolist() == [0, 1, 0]
