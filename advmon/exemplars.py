@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from advmon.devices import host_float64, sync_free
+from advmon.groups import host_group_values
 
 __all__ = ["FIELDS", "REASONS", "RewardSegments", "reward_segments", "worst_groups"]
 
@@ -208,59 +209,20 @@ def worst_groups(
 def _host_reward_segments(
     rewards: torch.Tensor, ids: torch.Tensor, function_nonfinite: torch.Tensor | None, rising: bool = False
 ) -> RewardSegments:
-    """:func:`reward_segments` in NumPy, with one slot per group (no empty slots: shapes need not be fixed here).
-
-    Counted in NumPy calls (each costs several microseconds after the trainer's and the mask's passes
-    emptied the caches): the common case (sorted ids, finite rewards) takes about twenty.
-    """
-    r = host_float64(rewards)
-    g = ids.numpy()
-    count = r.shape[0]
-    # Groups of consecutive samples (group_size blocks, verl's repeated uids, prompt rows numbered
-    # by appearance) are sorted already: then sample order is group order, with no copy.
-    in_order = rising or count == 0 or bool((g[1:] >= g[:-1]).all())
-    used = (int(g[-1]) if in_order else int(g.max())) + 1 if count else 0  # dense ids: the largest is the last
-    order = np.arange(count) if in_order else np.argsort(g, kind="stable")
-    bounds = np.searchsorted(g if in_order else g[order], np.arange(used + 1))
-    starts = bounds[:used]
-    size = np.subtract(bounds[1:], bounds[:-1], dtype=np.float64)
-    # A NaN or Inf makes the sum non-finite (so does an overflow of finite rewards: the general branch is exact too).
-    all_finite = math.isfinite(r.sum())
-
-    def summed(weights: np.ndarray) -> np.ndarray:
-        return np.bincount(g, weights=weights, minlength=used)[:used]
-
-    if all_finite:
-        finite_count = size
-        nan_count, inf_count = np.zeros(used), np.zeros(used)
-        low_values = high_values = r if in_order else r[order]
-    else:
-        finite = np.isfinite(r)
-        finite_count = summed(finite.astype(np.float64))
-        nan_count = summed(np.isnan(r).astype(np.float64))
-        inf_count = size - finite_count - nan_count
-        ordered, ordered_finite = (r, finite) if in_order else (r[order], finite[order])
-        low_values = np.where(ordered_finite, ordered, np.inf)
-        high_values = np.where(ordered_finite, ordered, -np.inf)
-    if used:
-        low = np.minimum.reduceat(low_values, starts)
-        high = np.maximum.reduceat(high_values, starts)
-    else:
-        low = high = np.zeros(0)
-    # Sums of reward - group minimum, in sample order as the device path sums them.
-    if all_finite:  # every group has a finite reward: no 0 / 0
-        mean = summed(r - low[g]) / finite_count + low
-    else:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = low + summed(np.where(finite, r - low[g], 0.0)) / finite_count
-    functions = np.zeros(used) if function_nonfinite is None else summed(host_float64(function_nonfinite))
+    """:func:`reward_segments` in NumPy, with one slot per group (no empty slots: shapes need not be fixed here)."""
+    group = host_group_values(rewards, ids, rising)
+    used = group.size.shape[0]
+    functions = (np.zeros(used) if function_nonfinite is None
+                 else np.bincount(ids.numpy(), host_float64(function_nonfinite), used))
+    starts = group.bounds[:used]
     host = {
-        "size": size, "finite": finite_count, "nan": nan_count, "inf": inf_count,
-        "min": low, "max": high, "mean": mean, "function_nonfinite": functions,
+        "size": group.size, "finite": group.finite, "nan": group.nan, "inf": group.inf,
+        "min": group.low, "max": group.high, "mean": group.mean, "function_nonfinite": functions,
     }
-    return RewardSegments(order=torch.from_numpy(order), bounds=torch.from_numpy(bounds),
+    return RewardSegments(order=torch.from_numpy(group.order), bounds=torch.from_numpy(group.bounds),
                           **{name: torch.from_numpy(values) for name, values in host.items()},
-                          first=torch.from_numpy(starts if in_order else order[starts]), in_order=in_order)
+                          first=torch.from_numpy(starts if group.in_order else group.order[starts]),
+                          in_order=group.in_order)
 
 
 def _host_worst_groups(

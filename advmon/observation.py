@@ -324,6 +324,7 @@ def observe_inputs(
         seen.rewards = seen.rewards.to(torch.float64)
     batch = seen.rewards.shape[0]
     grouped = _attempt(problems, lambda: _group_ids(groups, group_size, batch, seen.rewards))
+    rising = False
     if grouped is not None:
         seen.group_ids, seen.row_keys, rising = grouped
     if seen.pending_slices is not None:
@@ -334,7 +335,8 @@ def observe_inputs(
             seen.segments = reward_segments(seen.rewards, seen.group_ids, seen.function_nonfinite, rising=rising)
         except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
             problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
-    parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, reward_range, _shared_groups(seen))
+    parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, reward_range, _shared_groups(seen),
+                                              rising=rising)
     parts.stages["pre_norm"] = [value_part(pre_norm)]
     parts.pre_norm_source = "derived"
     return seen

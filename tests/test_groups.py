@@ -194,3 +194,16 @@ def test_only_numberings_that_cannot_fall_are_said_to_rise():
     assert blocks.rising and blocks.ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
     uids = group_ids_and_row_keys(["b", "a", "b"], 3)  # numbered by appearance, but may fall
     assert not uids.rising and uids.ids.tolist() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("path", PATHS, ids=["cpu", "device"])
+@pytest.mark.parametrize("rising", [True, False], ids=["blocks", "scattered"])
+def test_a_group_of_equal_rewards_has_a_pre_norm_of_exactly_zero(path, rising):
+    """Its mean is its value exactly (sums of reward - group minimum), whatever 3 * 0.1 rounds to."""
+    values = [0.1, 0.1, 0.1, 0.7, 0.7, 0.7, 1e-3, 2.5]
+    ids = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2] if rising else [0, 1, 0, 1, 0, 1, 2, 2])
+    rewards = torch.tensor(values if rising else [0.1, 0.7, 0.1, 0.7, 0.1, 0.7, 1e-3, 2.5], dtype=torch.float64)
+    with statistics_path(path):
+        pre_norm = derived_pre_norm(rewards, ids)
+    assert pre_norm[:6].tolist() == [0.0] * 6  # exactly: a zero-std group carries no signal
+    assert pre_norm[6:].tolist() == pytest.approx([1e-3 - (1e-3 + 2.5) / 2, 2.5 - (1e-3 + 2.5) / 2], rel=1e-15)

@@ -368,8 +368,8 @@ class HostTransfers(TorchFunctionMode):
     """Counts the calls that move tensor data to Python/NumPy.
 
     The drill-down's CPU-only helpers (``_host_*`` in advmon.exemplars, advmon.slices, advmon.row_summaries
-    and advmon.groups, and ``advmon.devices.host_float64`` they call, which run only where the tensors are
-    on the host already) view those tensors as NumPy arrays in place: not a transfer, so not counted.
+    and advmon.groups, and the ``host_*`` functions they call, which run only where the tensors are on the
+    host already) view those tensors as NumPy arrays in place: not a transfer, so not counted.
     """
 
     NAMES = {"item", "tolist", "cpu", "numpy"}
@@ -380,7 +380,7 @@ class HostTransfers(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in self.NAMES and not sys._getframe(1).f_code.co_name.startswith(("_host_", "host_float64")):
+        if name in self.NAMES and not sys._getframe(1).f_code.co_name.startswith(("_host_", "host_")):
             self.calls.append(name)
         return func(*args, **(kwargs or {}))
 
