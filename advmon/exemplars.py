@@ -41,9 +41,9 @@ import numpy as np
 import torch
 
 from advmon.devices import host_float64, sync_free
-from advmon.groups import host_group_values
+from advmon.groups import HostGroups, host_group_values
 
-__all__ = ["FIELDS", "REASONS", "RewardSegments", "reward_segments", "worst_groups"]
+__all__ = ["FIELDS", "REASONS", "HostSegments", "RewardSegments", "reward_segments", "worst_groups"]
 
 #: Why a group was chosen, by its ``reason`` code; ``NOT_CHOSEN`` rows are dropped on the host.
 REASONS = ("nonfinite_rewards", "nonfinite_reward_functions", "nonfinite_advantages", "beyond_bound",
@@ -82,19 +82,26 @@ class RewardSegments(NamedTuple):
     max: torch.Tensor
     mean: torch.Tensor
     function_nonfinite: torch.Tensor  #: the reward functions' NaN and Inf scores in the group
-    #: On the host: each slot's first sample (then ``order`` is the identity when ``in_order``).
-    first: torch.Tensor | None = None
-    in_order: bool = False
+
+
+class HostSegments(NamedTuple):
+    """:class:`RewardSegments` on the CPU, in NumPy, one slot per group: what the host's worst groups and
+    slices read (no tensors to make and read back: each conversion costs microseconds in a watched call)."""
+
+    groups: HostGroups
+    function_nonfinite: np.ndarray
+    first: np.ndarray  #: each group's first sample
 
 
 def reward_segments(
     rewards: torch.Tensor, ids: torch.Tensor, function_nonfinite: torch.Tensor | None = None, rising: bool = False
-) -> RewardSegments:
+) -> RewardSegments | HostSegments:
     """Every group's reward values, taken before the estimator runs (it may change rewards in place).
 
     ``ids`` are dense group ids in ``[0, B)`` (:func:`advmon.groups.group_ids`);
     ``function_nonfinite`` counts, per sample, the reward functions whose score is
     NaN or Inf; ``rising`` says the ids are known not to decrease (else the CPU looks).
+    On the CPU they are :class:`HostSegments`.
     """
     if not sync_free(rewards):
         return _host_reward_segments(rewards, ids, function_nonfinite, rising)
@@ -136,7 +143,7 @@ def reward_segments(
 
 
 def worst_groups(
-    segments: RewardSegments,
+    segments: RewardSegments | HostSegments,
     abs_max: torch.Tensor | None,
     nonfinite: torch.Tensor | None,
     k: int,
@@ -148,7 +155,7 @@ def worst_groups(
     of the call's post-norm advantages (``None`` without them). Rows whose ``reason`` is ``NOT_CHOSEN``
     are empty slots or groups with nothing to show.
     """
-    if not sync_free(segments.order):
+    if isinstance(segments, HostSegments):
         return _host_worst_groups(segments, abs_max, nonfinite, k, bound_factor)
     order, bounds = segments.order, segments.bounds
     slots = segments.size.shape[0]
@@ -208,49 +215,42 @@ def worst_groups(
 
 def _host_reward_segments(
     rewards: torch.Tensor, ids: torch.Tensor, function_nonfinite: torch.Tensor | None, rising: bool = False
-) -> RewardSegments:
+) -> HostSegments:
     """:func:`reward_segments` in NumPy, with one slot per group (no empty slots: shapes need not be fixed here)."""
-    group = host_group_values(rewards, ids, rising)
-    used = group.size.shape[0]
+    groups = host_group_values(rewards, ids, rising)
+    used = groups.size.shape[0]
     functions = (np.zeros(used) if function_nonfinite is None
                  else np.bincount(ids.numpy(), host_float64(function_nonfinite), used))
-    starts = group.bounds[:used]
-    host = {
-        "size": group.size, "finite": group.finite, "nan": group.nan, "inf": group.inf,
-        "min": group.low, "max": group.high, "mean": group.mean, "function_nonfinite": functions,
-    }
-    return RewardSegments(order=torch.from_numpy(group.order), bounds=torch.from_numpy(group.bounds),
-                          **{name: torch.from_numpy(values) for name, values in host.items()},
-                          first=torch.from_numpy(starts if group.in_order else group.order[starts]),
-                          in_order=group.in_order)
+    starts = groups.bounds[:used]
+    return HostSegments(groups, functions, starts if groups.in_order else groups.order[starts])
 
 
 def _host_worst_groups(
-    segments: RewardSegments, abs_max: torch.Tensor | None, nonfinite: torch.Tensor | None, k: int, bound_factor: float
+    segments: HostSegments, abs_max: torch.Tensor | None, nonfinite: torch.Tensor | None, k: int, bound_factor: float
 ) -> torch.Tensor:
     # A call's fixed cost here is its number of NumPy calls (each a few microseconds, several more once
     # the mask's pass emptied the caches): few of them, over the groups, and the common case's only.
-    size = segments.size.numpy()
-    slots = size.shape[0]  # every slot is a group here, on the host (the device's empty slots come last)
-    order = segments.order.numpy()
-    starts = segments.bounds.numpy()[:slots]
+    groups = segments.groups
+    size = groups.size
+    slots = size.shape[0]
+    starts = groups.bounds[:slots]
     peak = bad = None
     if abs_max is not None and nonfinite is not None and slots:
         per_sample = host_float64(abs_max)
-        peak = np.maximum.reduceat(per_sample if segments.in_order else per_sample[order], starts)
+        peak = np.maximum.reduceat(per_sample if groups.in_order else per_sample[groups.order], starts)
         if peak.min() == -np.inf:
             peak[peak == -np.inf] = np.nan  # no finite advantage in the group
         broken = host_float64(nonfinite)
         if broken.any():
-            bad = np.add.reduceat(broken if segments.in_order else broken[order], starts)
+            bad = np.add.reduceat(broken if groups.in_order else broken[groups.order], starts)
     peak = np.full(slots, np.nan) if peak is None else peak
     bad = np.zeros(slots) if bad is None else bad
     if slots and size.min() >= 2:
         ratio = peak / (size / np.sqrt(size - 1))
     else:  # nan for groups of one (no bound); the maximum keeps the square root's argument positive
         ratio = np.where(size < 2, np.nan, peak / (size / np.sqrt(np.maximum(size - 1, 1))))
-    reward_bad = segments.nan.numpy() + segments.inf.numpy()
-    function_bad = segments.function_nonfinite.numpy()
+    reward_bad = groups.nan + groups.inf
+    function_bad = segments.function_nonfinite
     # Reason codes rank by priority (the smallest that applies): a group with a peak is a largest |A|,
     # beyond the bound if its ratio is (a NaN ratio is neither).
     reason = NOT_CHOSEN - (peak >= 0) - (ratio > bound_factor)
@@ -264,20 +264,17 @@ def _host_worst_groups(
         keys = (-np.fmax(peak, -1.0), reason)
     # Worst first (np.lexsort: last key first, stable): reason, most non-finite values, largest |A|.
     ranked = np.lexsort(keys)[: min(k, slots)]
-    first = (segments.first.numpy() if segments.first is not None
-             else order[np.minimum(starts, max(order.shape[0] - 1, 0))])
-    finite = segments.finite.numpy()
     columns = {
         "reason": reason,
-        "first_sample": first,
+        "first_sample": segments.first,
         "size": size,
-        "reward_finite_count": finite,
-        "reward_nan_count": segments.nan.numpy(),
-        "reward_inf_count": segments.inf.numpy(),
+        "reward_finite_count": groups.finite,
+        "reward_nan_count": groups.nan,
+        "reward_inf_count": groups.inf,
         "reward_function_nonfinite_count": function_bad,
-        "reward_min": segments.min.numpy(),
-        "reward_max": segments.max.numpy(),
-        "reward_mean": segments.mean.numpy(),
+        "reward_min": groups.low,
+        "reward_max": groups.high,
+        "reward_mean": groups.mean,
         "advantage_abs_max": peak,
         "advantage_nonfinite_samples": bad,
         "advantage_bound_ratio": ratio,
@@ -286,7 +283,7 @@ def _host_worst_groups(
     table = np.empty((ranked.shape[0], len(FIELDS)))
     for index, name in enumerate(FIELDS):
         table[:, index] = columns[name][ranked]
-    unknown = finite[ranked] == 0  # a group without a finite reward has no reward range
+    unknown = groups.finite[ranked] == 0  # a group without a finite reward has no reward range
     if unknown.any():
         table[unknown, _COLUMN["reward_min"]] = np.nan
         table[unknown, _COLUMN["reward_max"]] = np.nan

@@ -311,16 +311,6 @@ class PerGroup(NamedTuple):
     slot: torch.Tensor  #: each sample's group slot
 
 
-def _per_group(rewards: torch.Tensor, ids: torch.Tensor, rising: bool = False) -> PerGroup:
-    """Per-group values of float64 rewards: on the CPU in NumPy with slot = id, elsewhere from sorted segments."""
-    if sync_free(rewards):
-        return _sorted_per_group(rewards, ids)
-    group = host_group_values(rewards, ids, rising)
-    return PerGroup(size=torch.from_numpy(group.size), finite=torch.from_numpy(group.finite),
-                    mean=torch.from_numpy(group.mean), min=torch.from_numpy(group.low),
-                    max=torch.from_numpy(group.high), slot=ids)
-
-
 class HostGroups(NamedTuple):
     """A call's groups in NumPy (:func:`host_group_values`): one slot per group, in id order."""
 
@@ -394,7 +384,7 @@ def host_group_values(rewards: torch.Tensor, ids: torch.Tensor, rising: bool = F
 
 
 def _sorted_per_group(rewards: torch.Tensor, ids: torch.Tensor) -> PerGroup:
-    """:func:`_per_group` without atomics or host reads, deterministic on every device.
+    """Per-group values of float64 rewards off the CPU: no atomics, no host reads, deterministic on every device.
 
     Samples are sorted by group, then by reward (non-finite rewards last), so each
     group is a segment whose first and last finite entries are its minimum and
@@ -463,13 +453,14 @@ def group_statistics(
     rewards: torch.Tensor,
     ids: torch.Tensor | None,
     reward_range: tuple[float, float] | None,
-    per_group: PerGroup | None = None,
+    per_group: HostGroups | None = None,
     rising: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`group_counts` and :func:`derived_pre_norm` of one call, from one pass over its groups.
 
-    ``per_group`` are the groups' values when the caller has them already (the
-    drill-down's :class:`~advmon.exemplars.RewardSegments`: slot ``s`` is group ``s``).
+    On the CPU ``per_group`` are the groups' values when the caller has them already
+    (the drill-down's, :func:`host_group_values` of the same ids); ``rising`` says the
+    ids are known not to fall.
 
     Example:
         >>> counts, pre_norm = group_statistics(torch.tensor([1.0, 3.0, 2.0, 2.0]), torch.tensor([0, 0, 1, 1]), None)
@@ -479,13 +470,14 @@ def group_statistics(
     rewards = rewards.to(torch.float64)
     if ids is None:
         return group_counts(rewards, None, reward_range), derived_pre_norm(rewards, None)
-    if per_group is not None:
-        return _counts(per_group, reward_range), _minus_group_means(rewards, per_group)
+    if not sync_free(rewards):
+        host = per_group if per_group is not None else host_group_values(rewards, ids, rising)
+        return _host_counts(host, reward_range), _host_minus_group_means(rewards, host, ids)
     if path_for(rewards.device) == "triton":
         found = attempt_triton(lambda: _triton_group_statistics(rewards, ids, reward_range), rewards.device)
         if found is not None:
             return found
-    group = _per_group(rewards, ids, rising)
+    group = _sorted_per_group(rewards, ids)
     return _counts(group, reward_range), _minus_group_means(rewards, group)
 
 
@@ -559,3 +551,28 @@ def derived_pre_norm(rewards: torch.Tensor, ids: torch.Tensor | None) -> torch.T
 
 def _minus_group_means(rewards: torch.Tensor, group: PerGroup) -> torch.Tensor:
     return rewards - group.mean[group.slot]
+
+
+def _host_counts(group: HostGroups, reward_range: tuple[float, float] | None) -> torch.Tensor:
+    """:func:`_counts` of the CPU's groups, in NumPy (every slot is a group there)."""
+    size, finite = group.size, group.finite
+    comparable = finite >= 2
+    counts = [
+        float(size.shape[0]),
+        np.count_nonzero(size == 1),
+        np.count_nonzero(comparable),
+        np.count_nonzero(comparable & (group.low == group.high)),
+        0 if finite is size else np.count_nonzero(finite < size),  # the same array: every reward is finite
+        math.nan,
+        math.nan,
+        np.maximum.reduce(size) if size.shape[0] else 0,
+    ]
+    if reward_range is not None:
+        low, high = reward_range
+        counts[5] = np.count_nonzero(comparable & (group.high <= low))
+        counts[6] = np.count_nonzero(comparable & (group.low >= high))
+    return torch.tensor(counts, dtype=torch.float64)
+
+
+def _host_minus_group_means(rewards: torch.Tensor, group: HostGroups, ids: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(host_float64(rewards) - group.mean[ids.numpy()])

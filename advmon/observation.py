@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from advmon.devices import sync_free, to_device, where_float64_works
-from advmon.exemplars import RewardSegments, reward_segments, worst_groups
+from advmon.exemplars import HostSegments, RewardSegments, reward_segments, worst_groups
 from advmon.groups import (
     Grouping,
     GroupsError,
-    PerGroup,
+    HostGroups,
     RowKeys,
     group_counts,
     group_ids_and_row_keys,
@@ -262,7 +262,7 @@ class InputObservation:
     #: Exemplars wanted per call, and the multiple of the group bound that makes a group "beyond" it.
     exemplars: int = 0
     bound_factor: float = math.inf
-    segments: RewardSegments | None = None
+    segments: RewardSegments | HostSegments | None = None
     row_counts: torch.Tensor | None = None  #: the mask's, once an expand view needed them
     slice_slots: torch.Tensor | None = None  #: each sample's slice slot, on the rewards' device
     sample_slices: np.ndarray | None = None  #: the same, on the host
@@ -342,13 +342,11 @@ def observe_inputs(
     return seen
 
 
-def _shared_groups(seen: InputObservation) -> PerGroup | None:
+def _shared_groups(seen: InputObservation) -> HostGroups | None:
     """On the CPU, the drill-down's group values serve the record's group counts too (one pass, not two)."""
-    segments = seen.segments
-    if segments is None or sync_free(seen.rewards):
-        return None  # elsewhere the group statistics keep their own kernels (Triton where it runs)
-    return PerGroup(size=segments.size, finite=segments.finite, mean=segments.mean, min=segments.min,
-                    max=segments.max, slot=seen.group_ids)
+    if isinstance(seen.segments, HostSegments):
+        return seen.segments.groups
+    return None  # elsewhere the group statistics keep their own kernels (Triton where it runs)
 
 
 def _function_nonfinite(functions: list[torch.Tensor], rewards: torch.Tensor) -> torch.Tensor | None:

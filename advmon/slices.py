@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from advmon.devices import host_float64, sync_free
-from advmon.exemplars import RewardSegments
+from advmon.exemplars import HostSegments, RewardSegments
 from advmon.row_summaries import RowSummary
 
 __all__ = ["OTHER", "SLICE_FIELDS", "SliceIndex", "slice_name", "slice_table"]
@@ -136,7 +136,7 @@ def slice_table(
     slots: torch.Tensor,
     count: int,
     rewards: torch.Tensor | None,
-    segments: RewardSegments | None,
+    segments: RewardSegments | HostSegments | None,
     rows: RowSummary | None,
     function_nonfinite: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -217,7 +217,7 @@ def _host_slice_table(
     slots: torch.Tensor,
     count: int,
     rewards: torch.Tensor | None,
-    segments: RewardSegments | None,
+    segments: HostSegments | None,
     rows: RowSummary | None,
     function_nonfinite: torch.Tensor | None,
 ) -> torch.Tensor:
@@ -254,15 +254,9 @@ def _host_slice_table(
     if segments is None:
         table[:, column["groups_comparable"] : column["groups_zero_std"] + 1] = np.nan
     else:
-        finite_count, low, high = segments.finite.numpy(), segments.min.numpy(), segments.max.numpy()
-        if segments.first is not None:  # the host's segments: every slot is a group
-            first = segments.first.numpy()
-        else:
-            order, bounds, size = segments.order.numpy(), segments.bounds.numpy(), segments.size.numpy()
-            first = order[np.minimum(bounds[:-1], max(order.shape[0] - 1, 0))]
-            used = size > 0  # empty group slots are dropped
-            first, finite_count, low, high = first[used], finite_count[used], low[used], high[used]
-        group_slot = slot[first]
+        groups = segments.groups  # every slot is a group on the host
+        finite_count, low, high = groups.finite, groups.low, groups.high
+        group_slot = slot[segments.first]
         comparable = finite_count >= 2
         table[:, column["groups_comparable"]] = np.bincount(group_slot, comparable, count)
         table[:, column["groups_zero_std"]] = np.bincount(group_slot, comparable & (low == high), count)
