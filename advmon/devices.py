@@ -154,8 +154,8 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
-def host_float64(tensor: torch.Tensor) -> np.ndarray:
-    """A CPU tensor's values as a float64 NumPy array (itself when float64 already).
+def host_float64(tensor: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A CPU tensor's (or a NumPy array's) values as a float64 NumPy array (itself when float64 already).
 
     NumPy's conversion of a few thousand values costs less than a torch op's dispatch;
     dtypes NumPy lacks (bfloat16) go through torch.
@@ -164,6 +164,8 @@ def host_float64(tensor: torch.Tensor) -> np.ndarray:
         >>> host_float64(torch.tensor([1.5, 2.0], dtype=torch.float32)).dtype
         dtype('float64')
     """
+    if isinstance(tensor, np.ndarray):
+        return tensor if tensor.dtype == np.float64 else tensor.astype(np.float64)
     if tensor.dtype == torch.float64:
         return tensor.numpy()
     if tensor.dtype == torch.bfloat16 or tensor.is_complex() or tensor.is_neg():

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from advmon.devices import sync_free, to_device, where_float64_works
+from advmon.devices import host_float64, sync_free, to_device, where_float64_works
 from advmon.exemplars import HostSegments, RewardSegments, reward_segments, worst_groups
 from advmon.groups import (
     Grouping,
@@ -510,7 +510,9 @@ def _row_summaries(seen: InputObservation, advantages: torch.Tensor | None, sums
         rows = row_summaries(advantages, None if per_sequence or mask is None else to_device(mask, advantages.device),
                              _expand_row_counts(seen, advantages), sums=sums)
     device = seen.rewards.device if seen.rewards is not None else seen.slice_slots.device
-    return RowSummary(*(None if t is None else to_device(t, device) for t in rows))
+    if device.type == "cpu":
+        return rows  # tensors on the CPU already, or the CPU path's NumPy arrays
+    return RowSummary(*(None if t is None else to_device(torch.as_tensor(t), device) for t in rows))
 
 
 #: Where :func:`advmon.exemplars.worst_groups` puts each group's first sample.
@@ -525,7 +527,7 @@ def _from_extremes(extremes: RowExtremes, advantages: torch.Tensor, mask: torch.
         flat = advantages.reshape(advantages.shape[0], -1)
         exact = row_summaries(flat[rows], None if mask is None else mask.reshape(flat.shape)[rows], sums=True)
         for mine, theirs in zip(summary, exact):
-            mine[rows] = theirs
+            mine[suspect] = host_float64(theirs)
     return summary
 
 
@@ -538,9 +540,7 @@ def _host_from_extremes(extremes: RowExtremes) -> tuple[RowSummary, np.ndarray]:
     finite = np.isfinite(peak)
     suspect = np.zeros(0, dtype=np.int64) if finite.all() else np.flatnonzero(~finite & (counts > 0))
     total = np.zeros(peak.shape[0]) if extremes.total is None else extremes.total.numpy().copy()
-    summary = RowSummary(torch.from_numpy(peak), torch.zeros(peak.shape[0], dtype=torch.float64),
-                         torch.from_numpy(total), torch.from_numpy(counts))
-    return summary, suspect
+    return RowSummary(peak, np.zeros(peak.shape[0]), total, counts), suspect
 
 
 def _group_keys(seen: InputObservation, first: torch.Tensor) -> tuple[GroupKeys, torch.Tensor]:

@@ -35,18 +35,28 @@ _CPU_CHUNK = 1 << 16
 
 
 class RowSummary(NamedTuple):
-    """Float64 ``[B]`` tensors; ``total`` and ``count`` only with ``sums=True``."""
+    """Float64 ``[B]`` tensors (NumPy arrays from the CPU's per-value path: no tensor made only to be
+    read back); ``total`` and ``count`` only with ``sums=True``."""
 
-    abs_max: torch.Tensor  #: the largest finite |value| at a valid position (``-inf`` without one; see ``sums``)
-    nonfinite: torch.Tensor  #: 1.0 where a valid position holds NaN or Inf
-    total: torch.Tensor | None = None  #: sum of the finite valid values
-    count: torch.Tensor | None = None  #: number of finite valid values
+    abs_max: torch.Tensor | np.ndarray  #: the largest finite |value| at a valid position (``-inf`` without one)
+    nonfinite: torch.Tensor | np.ndarray  #: 1.0 where a valid position holds NaN or Inf
+    total: torch.Tensor | np.ndarray | None = None  #: sum of the finite valid values
+    count: torch.Tensor | np.ndarray | None = None  #: number of finite valid values
 
-    def peak(self) -> torch.Tensor:
+    def peak(self) -> torch.Tensor | np.ndarray:
         """``abs_max`` where the sample has no non-finite valid value, else ``-inf``."""
+        if isinstance(self.nonfinite, np.ndarray):
+            return _host_peak(self)
         if not sync_free(self.nonfinite) and not bool(self.nonfinite.any()):
             return self.abs_max  # on the CPU, nothing broken (the common case): one op, not two
         return self.abs_max.masked_fill(self.nonfinite > 0, -math.inf)
+
+
+def _host_peak(rows: RowSummary) -> np.ndarray:
+    abs_max = host_float64(rows.abs_max)
+    if not np.count_nonzero(rows.nonfinite):
+        return abs_max  # nothing broken (the common case): one op
+    return np.where(rows.nonfinite > 0, -math.inf, abs_max)
 
 
 def row_summaries(
@@ -103,14 +113,14 @@ def _host_per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bo
             usable &= w > 0
     abs_max = magnitude if usable is None else np.where(usable, magnitude, -math.inf)
     if not sums:
-        return RowSummary(torch.from_numpy(abs_max), torch.from_numpy(bad))
+        return RowSummary(abs_max, bad)
     if usable is None:  # every sample valid and finite: v and w may be the caller's own memory
         count = np.ones(v.shape[0]) if w is None else w.copy()
         total = v.copy() if w is None else v * w
     else:
         count = usable.astype(np.float64) if w is None else np.where(usable, w, 0.0)
         total = np.where(usable, v, 0.0) * count
-    return RowSummary(*(torch.from_numpy(a) for a in (abs_max, bad, total, count)))
+    return RowSummary(abs_max, bad, total, count)
 
 
 def _dense(flat: torch.Tensor, mask: torch.Tensor | None, sums: bool) -> RowSummary:
