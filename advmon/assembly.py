@@ -154,20 +154,23 @@ def exemplar_entries(
         ('samples 16-23', 'largest_abs_advantage', 8, 2.5)
     """
     entries = []
-    for row in table:
-        values = dict(zip(EXEMPLAR_FIELDS, row.tolist()))
-        reason = int(values.pop("reason"))
+    for values in table.tolist():  # one conversion for the table: a few rows of plain floats
+        reason = int(values[0])
         if reason == NOT_CHOSEN:
             continue
-        first = int(values.pop("first_sample"))
-        entry: dict[str, Any] = {"group": keys.name(first, float(row[-1])), "reason": REASONS[reason]}
+        first = int(values[1])
+        entry: dict[str, Any] = {"group": keys.name(first, values[-1]), "reason": REASONS[reason]}
         if slice_of is not None:
             entry["slice"] = slice_of[first]  # the slice of the group's first sample
-        for name, value in values.items():
-            whole = name == "size" or name.endswith(("_count", "_samples"))
+        for (name, whole), value in zip(_ENTRY_FIELDS, values[2:]):
             entry[name] = int(value) if whole else value
         entries.append(entry)
     return entries
+
+
+#: The table's columns after ``reason`` and ``first_sample``, and whether each is a whole number.
+_ENTRY_FIELDS = tuple((name, name == "size" or name.endswith(("_count", "_samples"))) for name in EXEMPLAR_FIELDS[2:])
+assert EXEMPLAR_FIELDS[:2] == ("reason", "first_sample")
 
 
 def worst_first(entries: Sequence[dict[str, Any]], k: int) -> list[dict[str, Any]]:
