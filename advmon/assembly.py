@@ -134,9 +134,9 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
             step.exemplars += exemplar_entries(table, call.exemplar_keys, slice_of)
         if call.slices is not None:
             table = next(arrays).reshape(-1, len(SLICE_FIELDS))
-            for name, row in zip(call.slice_names, table):
-                if name is not None and row[0] > 0:  # samples of this slice in this call
-                    step.add_slice(name, row)
+            for slot in np.flatnonzero(table[:, 0] > 0).tolist():  # the slices with samples in this call
+                if call.slice_names[slot] is not None:
+                    step.add_slice(call.slice_names[slot], table[slot])
         step.estimators.append(call.estimator)
         step.sources.append(call.pre_norm_source)
     return step

@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -148,15 +149,17 @@ def worst_groups(
     nonfinite: torch.Tensor | None,
     k: int,
     bound_factor: float,
+    key_column: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The ``k`` worst groups as a ``[min(k, B), len(FIELDS)]`` float64 table, worst first.
 
     ``abs_max`` and ``nonfinite`` are :func:`~advmon.row_summaries.row_summaries`
     of the call's post-norm advantages (``None`` without them). Rows whose ``reason`` is ``NOT_CHOSEN``
-    are empty slots or groups with nothing to show.
+    are empty slots or groups with nothing to show. With ``key_column`` (given the chosen
+    groups' first samples, the numbers that name them) the table has one more column, last.
     """
     if isinstance(segments, HostSegments):
-        return _host_worst_groups(segments, abs_max, nonfinite, k, bound_factor)
+        return _host_worst_groups(segments, abs_max, nonfinite, k, bound_factor, key_column)
     order, bounds = segments.order, segments.bounds
     slots = segments.size.shape[0]
     if abs_max is None or nonfinite is None:
@@ -202,7 +205,10 @@ def worst_groups(
         "advantage_nonfinite_samples": bad,
         "advantage_bound_ratio": ratio,
     }
-    return torch.stack([columns[name][ranked] for name in FIELDS], dim=1)
+    table = torch.stack([columns[name][ranked] for name in FIELDS], dim=1)
+    if key_column is None:
+        return table
+    return torch.cat([table, key_column(first[ranked].to(torch.long)).unsqueeze(1)], dim=1)
 
 
 # --------------------------------------------------------------------------- the CPU's
@@ -226,7 +232,12 @@ def _host_reward_segments(
 
 
 def _host_worst_groups(
-    segments: HostSegments, abs_max: torch.Tensor | None, nonfinite: torch.Tensor | None, k: int, bound_factor: float
+    segments: HostSegments,
+    abs_max: torch.Tensor | np.ndarray | None,
+    nonfinite: torch.Tensor | np.ndarray | None,
+    k: int,
+    bound_factor: float,
+    key_column: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     # A call's fixed cost here is its number of NumPy calls (each a few microseconds, several more once
     # the mask's pass emptied the caches): few of them, over the groups, and the common case's only.
@@ -280,9 +291,11 @@ def _host_worst_groups(
         "advantage_bound_ratio": ratio,
     }
     # Only the k chosen rows are taken, column by column (measured faster than one stack of every group).
-    table = np.empty((ranked.shape[0], len(FIELDS)))
+    table = np.empty((ranked.shape[0], len(FIELDS) + (key_column is not None)))
     for index, name in enumerate(FIELDS):
         table[:, index] = columns[name][ranked]
+    if key_column is not None:
+        table[:, -1] = host_float64(key_column(torch.from_numpy(segments.first[ranked])))
     unknown = groups.finite[ranked] == 0  # a group without a finite reward has no reward range
     if unknown.any():
         table[unknown, _COLUMN["reward_min"]] = np.nan

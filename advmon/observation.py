@@ -479,9 +479,16 @@ def _add_drilldown(seen: InputObservation, advantages: torch.Tensor | None) -> N
     exemplars = None
     if seen.segments is not None and seen.exemplars > 0:
         peaks = (None, None) if rows is None else (rows.peak(), rows.nonfinite)
-        table = worst_groups(seen.segments, *peaks, k=seen.exemplars, bound_factor=seen.bound_factor)
-        keys, key_column = _group_keys(seen, table[:, FIRST_SAMPLE].to(torch.long))
-        exemplars = torch.cat([table, key_column.unsqueeze(1)], dim=1)
+        named: list[GroupKeys] = []
+
+        def key_column(first: torch.Tensor) -> torch.Tensor:
+            keys, column = _group_keys(seen, first)
+            named.append(keys)
+            return column
+
+        exemplars = worst_groups(seen.segments, *peaks, k=seen.exemplars, bound_factor=seen.bound_factor,
+                                 key_column=key_column)
+        keys = named[0]
     slices = None
     if seen.slice_slots is not None:
         slices = slice_table(seen.slice_slots, seen.slice_index.slots, seen.rewards, seen.segments, rows,
