@@ -319,9 +319,9 @@ def observe_inputs(
         return seen  # slices, if any, are taken with the advantages' batch
     parts = seen.parts
     parts.stages["rewards"] = [value_part(seen.rewards)]
-    if not sync_free(seen.rewards):
-        # Every consumer below (group values, worst groups, slices) works in float64: converted once here.
-        seen.rewards = seen.rewards.to(torch.float64)
+    # Every consumer below (group values, worst groups, slices) works in float64: converted once here, into
+    # a copy of its own (the slices read it after the estimator, which may change its input in place).
+    seen.rewards = seen.rewards.to(torch.float64, copy=True)
     batch = seen.rewards.shape[0]
     grouped = _attempt(problems, lambda: _group_ids(groups, group_size, batch, seen.rewards))
     rising = False

@@ -23,6 +23,7 @@ Unavailable values are ``nan`` in memory and ``null`` in JSON.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -249,7 +250,7 @@ def slice_metrics(name: str, sums: Any) -> dict[str, float]:
         (0.5, 0.5, 0.2)
     """
     (samples, finite, reward_sum, nan, inf, functions, comparable, zero_std, count, total, abs_max) = (
-        float(v) for v in sums)
+        sums.tolist() if hasattr(sums, "tolist") else [float(v) for v in sums])
     values = (
         samples,
         _ratio(reward_sum, finite),
@@ -263,7 +264,13 @@ def slice_metrics(name: str, sums: Any) -> dict[str, float]:
         _ratio(total, count),
         abs_max,
     )
-    return {f"slices/{name}/{key}": value for key, value in zip(SLICE_KEYS, values)}
+    return dict(zip(_slice_keys(name), values))
+
+
+@functools.lru_cache(maxsize=1024)
+def _slice_keys(name: str) -> tuple[str, ...]:
+    """A slice's record keys (a run has few slices, and each step names them again)."""
+    return tuple(f"slices/{name}/{key}" for key in SLICE_KEYS)
 
 
 def _ratio(part: float, whole: float) -> float:

@@ -241,7 +241,10 @@ def _host_slice_table(
         table[:, column["reward_finite_count"] : column["reward_inf_count"] + 1] = np.nan
     else:
         r = host_float64(rewards)
-        if math.isfinite(np.add.reduce(r)):  # a NaN or Inf makes it non-finite (an overflow too: then exactly below)
+        # The group values found every reward finite (their finite counts are their sizes), or a NaN
+        # or Inf makes the sum non-finite (an overflow too: then exactly below).
+        known = segments is not None and segments.groups.finite is segments.groups.size
+        if known or math.isfinite(np.add.reduce(r)):
             table[:, column["reward_finite_count"]] = samples
             table[:, column["reward_sum"]] = summed(r)
             table[:, column["reward_nan_count"] : column["reward_inf_count"] + 1] = 0.0

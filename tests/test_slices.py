@@ -273,3 +273,21 @@ def test_slice_ids_of_known_and_new_labels(max_slices):
     assert index.ids(["c", 3, "a", b"c"]).tolist() == [third, 3 if max_slices > 3 else third, 0, third]
     assert index.ids([]).tolist() == []
     assert index.ids([1.0, True]).tolist() == index.ids([1.0, True]).tolist()  # equal keys, never cached as text
+
+
+@pytest.mark.parametrize("path", ["cpu", "torch"])
+def test_slices_see_the_rewards_as_they_were_before_the_estimator_changed_them(path, sink):
+    """An estimator that centres its float64 rewards in place: the record's per-slice rewards are the inputs'."""
+    rewards, mask, sources = batch(3)
+    given = rewards.clone()
+
+    def centring(rewards, mask, sources):
+        rewards -= torch.nanmean(rewards)  # in place, on the caller's float64 tensor
+        return rewards.unsqueeze(1).expand(mask.shape)
+
+    with advmon.Monitor("in-place", sinks=[sink]) as monitor, statistics_path(path):
+        monitor.watch(centring, slices="sources", group_size=4)(rewards, mask, sources)
+    assert not torch.equal(rewards.nan_to_num(), given.nan_to_num())  # the estimator did change them
+    metrics = sink.records[-1].metrics
+    for label, values in slice_stats(list(sources), given.numpy()).items():
+        assert metrics[f"slices/{label}/rewards/mean"] == pytest.approx(values["rewards/mean"], rel=1e-12, nan_ok=True)
