@@ -4,7 +4,9 @@ A group-relative estimator (GRPO, RLOO, DAPO...) learns nothing from a group who
 rewards are all equal: its advantages are all zero (or undefined). These pure
 functions find the groups and count such groups, per call and on the device.
 
-On the CPU they may read values (``torch.unique``, ``index_add_``). Off it
+On the CPU they may read values (``torch.unique`` where identical prompt rows are
+apart), and the groups' values are NumPy (:func:`host_group_values`: a call's few
+thousand samples cost per-call overhead, which NumPy keeps lower than torch). Off it
 (:func:`advmon.devices.sync_free`) nothing is read back to the host: prompt rows
 are grouped by sorting a row hash, per-group values come from (group, reward)
 sorted segments, and on CUDA with Triton one tiled kernel does the groups' work
@@ -46,9 +48,9 @@ __all__ = [
     "GroupsError",
     "HostGroups",
     "PerGroup",
+    "RowKeys",
     "derived_pre_norm",
     "group_counts",
-    "RowKeys",
     "group_ids",
     "group_ids_and_row_keys",
     "group_statistics",
@@ -212,7 +214,8 @@ def _hashed_row_group_ids(rows: torch.Tensor) -> Grouping:
     hashes = _row_hashes(rows)
     order = torch.argsort(hashes, stable=True)
     ordered = rows[order]
-    return Grouping(_in_original_order(order, _run_numbers((ordered[1:] != ordered[:-1]).any(dim=1))), RowKeys(hashes))
+    ids = _in_original_order(order, _run_numbers((ordered[1:] != ordered[:-1]).any(dim=1)))
+    return Grouping(ids, RowKeys(hashes))
 
 
 #: A row key is its hash's low 48 bits: exact in float64, which the record's transfer carries.
