@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from advmon.errors import AdvmonConfigError
-from advmon.hooks import ArgumentNames
+from advmon.hooks import ARGUMENT_NAME_OPTIONS, ArgumentNames
 
 __all__ = [
     "Target",
@@ -76,7 +76,7 @@ class Target:
     def spec(self) -> str:
         """The entry back as text (what :func:`parse_targets` reads)."""
         defaults = ArgumentNames()
-        changed = [f"{k}={getattr(self.names, k)}" for k in _NAME_OPTIONS
+        changed = [f"{k}={getattr(self.names, k)}" for k in ARGUMENT_NAME_OPTIONS
                    if getattr(self.names, k) != getattr(defaults, k)]
         # A nested class (Outer.Inner) needs its method spelled out, or Inner would read as the method.
         spelled = self.method != "compute_advantage" or "." in (self.attribute or "")
@@ -197,17 +197,14 @@ def parse_targets(text: str) -> list[Target]:
     return targets
 
 
-#: The argument-name options an ``ADVMON_INSTRUMENT`` entry may set, as ``watch`` takes them.
-_NAME_OPTIONS = ("rewards", "mask", "groups", "group_size", "slices", "reward_functions", "group_normalized")
-
-
 def _names(text: str | None, entry: str) -> ArgumentNames:
     values: dict[str, Any] = {}
     for pair in filter(str.strip, (text or "").split(",")):
         key, equals, value = (s.strip() for s in pair.partition("="))
-        if not equals or key not in _NAME_OPTIONS:
-            raise AdvmonConfigError(f"ADVMON_INSTRUMENT entry {entry.strip()!r}: expected rewards=, mask=, groups=, "
-                                    f"group_size=, slices=, reward_functions= or group_normalized=, got {pair.strip()!r}")
+        if not equals or key not in ARGUMENT_NAME_OPTIONS:
+            *options, last = (f"{option}=" for option in ARGUMENT_NAME_OPTIONS)
+            raise AdvmonConfigError(f"ADVMON_INSTRUMENT entry {entry.strip()!r}: expected {', '.join(options)} or "
+                                    f"{last}, got {pair.strip()!r}")
         if key == "group_size":
             try:
                 values[key] = int(value)

@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from advmon.errors import AdvmonConfigError
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from advmon.monitor import Monitor
 
 __all__ = [
+    "ARGUMENT_NAME_OPTIONS",
     "ArgumentNames",
     "current_reward_functions",
     "current_slice_labels",
@@ -89,6 +90,10 @@ class ArgumentNames:
         size = self.group_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise AdvmonConfigError(f"group_size must be a positive int or None, got {size!r}")
+
+
+#: The options :class:`ArgumentNames` takes, as ``watch``, ``instrument`` and ``ADVMON_INSTRUMENT`` name them.
+ARGUMENT_NAME_OPTIONS = tuple(option.name for option in fields(ArgumentNames))
 
 
 @dataclass

@@ -35,6 +35,7 @@ from advmon.emitter import Delivery
 from advmon.environment import jsonl_path, monitor_settings
 from advmon.errors import AdvmonConfigError, AdvmonError, warn
 from advmon.hooks import (
+    ARGUMENT_NAME_OPTIONS,
     ActiveCall,
     ArgumentNames,
     current_reward_functions,
@@ -659,13 +660,10 @@ def _matching_mask(call: ActiveCall, values: torch.Tensor) -> torch.Tensor | Non
 
 
 def _argument_names(names: dict[str, Any]) -> ArgumentNames:
-    unknown = set(names) - {"rewards", "mask", "groups", "group_size", "slices", "reward_functions",
-                            "group_normalized"}
+    unknown = set(names) - set(ARGUMENT_NAME_OPTIONS)
     if unknown:
-        raise AdvmonConfigError(
-            f"unknown argument name option(s) {sorted(unknown)}; expected rewards=, mask=, groups=, group_size=, "
-            "slices=, reward_functions=, group_normalized="
-        )
+        raise AdvmonConfigError(f"unknown argument name option(s) {sorted(unknown)}; expected "
+                                f"{', '.join(f'{option}=' for option in ARGUMENT_NAME_OPTIONS)}")
     return ArgumentNames(**names)
 
 

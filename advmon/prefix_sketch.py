@@ -118,6 +118,7 @@ class RowExtremes:
         # span by span (no list of small tensors to join), put back in row order once, by :meth:`_flush`.
         self._order: torch.Tensor | None = None
         self._in_order: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+        self._high_view = self._low_view = None  #: NumPy views of the in-order highs and lows
         self._covered = 0
 
     @property
@@ -211,7 +212,7 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor, extremes: RowExtrem
     window = _Window.around(*guess)
     if not -1000 < window.level < 1000:
         return None  # 2**-level would leave float64's range: the general sketch scales in two steps
-    sums = _BlockSums(values.dtype, window)
+    sums = _BlockSums(values.dtype, window, extremes)
     for block in layout.blocks():
         sums.add(block, layout if extremes is not None else None)
     if extremes is not None:
@@ -248,7 +249,6 @@ class _Layout:
         self.extremes = extremes
         #: (span of the sorted rows, start, width) of each rectangle in the block last yielded
         self.rectangles: list[tuple[slice, int, int]] = []
-        self._tails_added = False  #: whether :meth:`blocks` gave ``extremes`` the ragged tails
         # The ragged rest is at most group * T entries: a block, and a small share of a small batch.
         rows, cols = values.shape
         group = self.group_rows = max(1, min(GROUP_ROWS, BLOCK_ELEMENTS // max(cols, 1), rows // 32))
@@ -312,14 +312,16 @@ class _Layout:
         self.rectangles = []
         if self.ragged is not None:
             flat = self.flat()
+            if self.extremes is not None:
+                # The rows' tails (at most a block: see __init__), gathered once for the rows' extremes and
+                # the sketch, before the sketch may centre a float64 block in place.
+                tails = flat.index_select(0, self.ragged)
+                self.extremes.add_segments(self.ragged_rows, tails, self.ragged_lengths)
+                for start in range(0, tails.numel(), BLOCK_ELEMENTS):
+                    yield tails[start : start + BLOCK_ELEMENTS]
+                return
             for start in range(0, self.ragged.numel(), BLOCK_ELEMENTS):
-                tails = flat.index_select(0, self.ragged[start : start + BLOCK_ELEMENTS])
-                if self.extremes is not None and self.ragged.numel() <= BLOCK_ELEMENTS:
-                    # The rows' tails, in one block (they always fit: see __init__), before the sketch
-                    # may centre it in place: gathered once for both.
-                    self.extremes.add_segments(self.ragged_rows, tails, self.ragged_lengths)
-                    self._tails_added = True
-                yield tails
+                yield flat.index_select(0, self.ragged[start : start + BLOCK_ELEMENTS])
 
     def _block_span(self) -> slice | None:
         """The sorted rows of the block just yielded (its rectangles' spans follow each other)."""
@@ -347,14 +349,9 @@ class _Layout:
         return span
 
     def ragged_extremes(self) -> None:
-        """Complete ``extremes`` with the rows' ragged tails, unless :meth:`blocks` added them on the way."""
-        if self.extremes is None:
-            return
-        self.extremes._flush()
-        if self.ragged is None or self._tails_added:
-            return
-        tails = self.flat().index_select(0, self.ragged)
-        self.extremes.add_segments(self.ragged_rows, tails, self.ragged_lengths)
+        """Put the rows' extremes in row order (:meth:`blocks` took the rectangles and the ragged tails)."""
+        if self.extremes is not None:
+            self.extremes._flush()
 
 
 def _guess_range(layout: _Layout) -> tuple[float, float] | None:
@@ -426,7 +423,7 @@ class _BlockSums:
     one histogram add and one stack per block).
     """
 
-    def __init__(self, dtype: torch.dtype, window: _Window) -> None:
+    def __init__(self, dtype: torch.dtype, window: _Window, rows: RowExtremes | None = None) -> None:
         self.window = window
         self.sizes: list[int] = []
         self.window_missed = False
@@ -445,7 +442,7 @@ class _BlockSums:
         self._buffers: dict[str, torch.Tensor] = {}
         #: Blocks whose centred sum comes from their rows' sums: (index in the sums, rows' span, size * centre).
         self._from_rows: list[tuple[int, slice, float]] = []
-        self._rows: RowExtremes | None = None
+        self._rows = rows  #: the rows' extremes and sums the layout takes, if any
 
     def add(self, block: torch.Tensor, layout: _Layout | None = None) -> None:
         """Add a block's values; with the ``layout`` that yielded it, its rows' summaries are shared.
@@ -455,8 +452,6 @@ class _BlockSums:
         """
         extrema = None if layout is None else layout.block_extrema()
         low, high = extrema if extrema is not None else (float(v) for v in torch.aminmax(block))
-        if layout is not None:
-            self._rows = layout.extremes
         if not (math.isfinite(low) and math.isfinite(high)):
             if layout is not None:
                 layout.rectangle_sums(block)  # before its NaN and Inf are dropped: the rows' layout holds only now

@@ -77,7 +77,7 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; NaN and infinities become ``None``. ``exemplars`` and ``histograms`` appear when
-        there are any (a histogram as its first edge, width and counts)."""
+        there are any (a histogram as its edges and counts)."""
         data = {
             "run": self.run,
             "step": self.step,
