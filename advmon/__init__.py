@@ -24,6 +24,8 @@ from advmon.hooks import ArgumentNames, scored_by, sliced_by, tap
 from advmon.hooks import instrument as _instrument
 from advmon.hooks import watch_with as _watch_with
 from advmon.monitor import Monitor, _argument_names, get_monitor, set_monitor
+from advmon.normalization import KINDS as NORMALIZATION_KINDS
+from advmon.normalization import Normalization
 from advmon.record import Record
 from advmon.sinks import JsonlSink, Sink, read_jsonl
 
@@ -33,6 +35,7 @@ __all__ = [
     "AdvmonWarning",
     "JsonlSink",
     "Monitor",
+    "NORMALIZATION_KINDS",
     "Record",
     "Sink",
     "flush",
@@ -65,7 +68,7 @@ def watch(
     group_size: int | None = None,
     slices: str | None = None,
     reward_functions: str | None = None,
-    group_normalized: bool = True,
+    normalization: Normalization = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -78,7 +81,7 @@ def watch(
     group_size: int | None = None,
     slices: str | None = None,
     reward_functions: str | None = None,
-    group_normalized: bool = True,
+    normalization: Normalization = None,
 ) -> F | Callable[[F], F]:
     """Like :meth:`Monitor.watch`, on the process-wide monitor :func:`get_monitor`.
 
@@ -86,7 +89,7 @@ def watch(
     decoration still takes effect.
     """
     names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices,
-                          reward_functions=reward_functions, group_normalized=group_normalized)
+                          reward_functions=reward_functions, normalization=normalization)
 
     def decorate(function: F) -> F:
         return _watch_with(function, None, names)
@@ -104,7 +107,7 @@ def instrument(
 
     Returns ``target``. Instrumenting twice does not wrap twice. ``argument_names``
     are ``rewards=``, ``mask=``, ``groups=``, ``group_size=``, ``slices=``,
-    ``reward_functions=`` and ``group_normalized=`` as for :meth:`Monitor.watch`. Without ``monitor``, the process-wide one is used.
+    ``reward_functions=`` and ``normalization=`` as for :meth:`Monitor.watch`. Without ``monitor``, the process-wide one is used.
 
     Example:
         >>> import torch, advmon

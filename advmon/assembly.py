@@ -22,7 +22,9 @@ import torch
 
 from advmon.exemplars import FIELDS as EXEMPLAR_FIELDS
 from advmon.exemplars import NOT_CHOSEN, REASONS
+from advmon.group_bounds import empty_evidence, merge_evidence
 from advmon.groups import GROUP_COUNT_FIELDS, merge_group_counts
+from advmon.normalization import Verdict, judge
 from advmon.histograms import Histogram
 from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem
 from advmon.record import REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
@@ -37,6 +39,7 @@ __all__ = [
     "combined_source",
     "exemplar_entries",
     "gather_ranks",
+    "judged_exemplars",
     "record_problems",
     "worst_first",
 ]
@@ -53,8 +56,10 @@ class StepParts:
 
     stages: dict[str, list[HostPart]] = field(default_factory=dict)
     group_totals: np.ndarray | None = None
-    #: The largest group of the calls whose advantages were normalized within their groups (0: none).
-    bound_size: float = 0.0
+    #: Each call's declared normalization (``None``: not declared), and the calls' groups against their bounds
+    #: (:func:`advmon.group_bounds.call_bounds`, merged).
+    normalizations: list[str | None] = field(default_factory=list)
+    bound_evidence: np.ndarray | None = None
     estimator_metrics: dict[str, float] = field(default_factory=dict)
     estimators: list[str] = field(default_factory=list)
     sources: list[str | None] = field(default_factory=list)
@@ -76,7 +81,9 @@ class StepParts:
                 other.group_totals.copy() if self.group_totals is None
                 else merge_group_counts(self.group_totals, other.group_totals)
             )
-        self.bound_size = max(self.bound_size, other.bound_size)
+        self.normalizations += other.normalizations
+        if other.bound_evidence is not None:
+            self.add_evidence(other.bound_evidence)
         for key, value in other.estimator_metrics.items():
             self.estimator_metrics.setdefault(key, value)  # the first (rank 0's) value wins
         self.estimators += other.estimators
@@ -84,6 +91,11 @@ class StepParts:
         self.exemplars += other.exemplars
         for name, row in other.slices.items():
             self.add_slice(name, row)
+
+    def add_evidence(self, evidence: np.ndarray) -> None:
+        """Add one call's evidence of its normalization, as one call on both batches would give it."""
+        totals = empty_evidence() if self.bound_evidence is None else self.bound_evidence
+        self.bound_evidence = merge_evidence(totals, evidence)
 
     def add_slice(self, name: str, row: np.ndarray) -> None:
         """Add one call's sums of a slice: counts and sums add up, the largest |advantage| is a maximum."""
@@ -104,6 +116,9 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
                 tensors.extend(part.tensors)
         if call.groups is not None:
             tensors.append(call.groups)
+        if call.bound_evidence is not None:
+            evidence = call.bound_evidence
+            tensors.append(torch.from_numpy(evidence) if isinstance(evidence, np.ndarray) else evidence)
         tensors.extend(v for v in call.estimator_metrics.values() if isinstance(v, torch.Tensor))
         if call.exemplars is not None:
             tensors.append(call.exemplars)
@@ -120,8 +135,8 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
         if call.groups is not None:
             counts = next(arrays)
             step.group_totals = counts.copy() if step.group_totals is None else merge_group_counts(step.group_totals, counts)
-            if call.group_normalized:
-                step.bound_size = max(step.bound_size, float(counts[MAX_SIZE]))
+        if call.bound_evidence is not None:
+            step.add_evidence(next(arrays))
         for key, value in call.estimator_metrics.items():
             number = float(next(arrays)[0]) if isinstance(value, torch.Tensor) else float(value)
             step.estimator_metrics[f"estimator/{key}"] = number
@@ -139,6 +154,7 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
                     step.add_slice(call.slice_names[slot], table[slot])
         step.estimators.append(call.estimator)
         step.sources.append(call.pre_norm_source)
+        step.normalizations.append(call.normalization)
     return step
 
 
@@ -230,8 +246,13 @@ def record_problems(summaries: dict[str, dict[str, float]], step: StepParts) -> 
 
 
 def assemble(summaries: dict[str, dict[str, float]], step: StepParts,
-             reward_range: tuple[float, float] | None) -> dict[str, float]:
-    """The record's metrics, in their documented order (advmon's own counters are added by the monitor)."""
+             reward_range: tuple[float, float] | None, verdict: Verdict | None = None) -> dict[str, float]:
+    """The record's metrics, in their documented order (advmon's own counters are added by the monitor).
+
+    ``verdict`` is the step's normalization (:func:`advmon.normalization.judge`, by default judged here).
+    """
+    if verdict is None:
+        verdict = judge(step.normalizations, step.bound_evidence, summaries, reward_range)
     metrics = stage_metrics("rewards", summaries.get("rewards", {}), REWARD_KEYS)
     functions = sorted(stage for stage in summaries if stage.startswith("rewards/"))
     for stage in functions:  # per reward function (component): rewards/<name>/...
@@ -239,12 +260,36 @@ def assemble(summaries: dict[str, dict[str, float]], step: StepParts,
     extra_stages = sorted(set(summaries) - set(CORE_STAGES) - {"rewards", *functions})
     for stage in (*CORE_STAGES, *extra_stages):
         metrics.update(stage_metrics(f"advantages/{stage}", summaries.get(stage, {})))
+    metrics["advantages/bound_ratio"] = verdict.ratio
     totals = None if step.group_totals is None else step.group_totals.tolist()
-    metrics.update(group_metrics(totals, reward_range, step.bound_size))
+    # The G of the group bound G/sqrt(G-1), where the step was judged by it.
+    bound_size = totals[MAX_SIZE] if totals is not None and verdict.bound_kind in _GROUP_STD_KINDS else 0.0
+    metrics.update(group_metrics(totals, reward_range, bound_size))
     metrics.update(step.estimator_metrics)
     for name in sorted(step.slices):
         metrics.update(slice_metrics(name, step.slices[name]))
     return metrics
+
+
+_GROUP_STD_KINDS = ("group_std", "group_loo_std")
+
+
+def judged_exemplars(entries: Sequence[dict[str, Any]], verdict: Verdict, factor: float) -> list[dict[str, Any]]:
+    """The step's exemplars with each group's ``advantage_bound_ratio`` (and whether it is ``beyond_bound``) under
+    the step's kind: a call ranked its groups before the step's kind was known (inferred, or judged by the
+    step's scale). NeMo-RL's leave-one-out kind keeps the ratios its calls gave (only they saw which samples
+    were left undivided)."""
+    if verdict.kind == "group_loo_std":
+        return list(entries)
+    judged = []
+    for entry in entries:
+        ratio = verdict.group_ratio(entry["advantage_abs_max"], entry["size"], entry["reward_finite_count"],
+                                    entry["reward_min"], entry["reward_max"])
+        entry = {**entry, "advantage_bound_ratio": ratio}
+        if entry["reason"] in ("beyond_bound", "largest_abs_advantage"):
+            entry["reason"] = "beyond_bound" if ratio > factor else "largest_abs_advantage"
+        judged.append(entry)
+    return judged
 
 
 def combined_source(pre_norm_sources: Sequence[str | None]) -> str | None:

@@ -18,7 +18,8 @@ instrument, so nothing in the worker's code has to change:
 ``ADVMON_INSTRUMENT``      ``;``-separated targets: ``module:Class``, ``module:Class.method``,
                            ``module:function``, each optionally followed by argument names
                            ``(rewards=...,mask=...,groups=...,group_size=N,slices=...,
-                           reward_functions=...,group_normalized=false)``; or ``verl``
+                           reward_functions=...,normalization=KIND)`` (a kind, or
+                           ``module:function`` of the call's arguments); or ``verl``
 ``ADVMON_EXEMPLARS``       worst groups per record (default 5; ``0``: none)
 ``ADVMON_HISTOGRAMS``      ``0``: records carry no advantage histograms (default: when a
                            sink takes them)
@@ -32,7 +33,7 @@ Example:
     >>> settings["run"], settings["reward_range"]
     ('grpo', (0.0, 1.0))
     >>> parse_targets("my_rl.estimators:GRPO(rewards=scores,group_size=4); verl")[0]
-    Target(module='my_rl.estimators', attribute='GRPO', method='compute_advantage', names=ArgumentNames(rewards='scores', mask='mask', groups='prompt_ids', group_size=4, slices=None, reward_functions=None, group_normalized=True))
+    Target(module='my_rl.estimators', attribute='GRPO', method='compute_advantage', names=ArgumentNames(rewards='scores', mask='mask', groups='prompt_ids', group_size=4, slices=None, reward_functions=None, normalization=None))
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from typing import Any
 
 from advmon.errors import AdvmonConfigError
 from advmon.hooks import ARGUMENT_NAME_OPTIONS, ArgumentNames
+from advmon.normalization import checked_normalization
 
 __all__ = [
     "Target",
@@ -76,13 +78,25 @@ class Target:
     def spec(self) -> str:
         """The entry back as text (what :func:`parse_targets` reads)."""
         defaults = ArgumentNames()
-        changed = [f"{k}={getattr(self.names, k)}" for k in ARGUMENT_NAME_OPTIONS
+        changed = [f"{k}={_option_text(getattr(self.names, k))}" for k in ARGUMENT_NAME_OPTIONS
                    if getattr(self.names, k) != getattr(defaults, k)]
         # A nested class (Outer.Inner) needs its method spelled out, or Inner would read as the method.
         spelled = self.method != "compute_advantage" or "." in (self.attribute or "")
         method = f".{self.method}" if spelled else ""
         names = f"({','.join(changed)})" if changed else ""
         return f"{self.module}:{self.attribute}{method}{names}" if self.attribute else self.module
+
+
+def _option_text(value: Any) -> str:
+    """An argument-name option as ADVMON_INSTRUMENT spells it: a normalization function as ``module:qualname``."""
+    if not callable(value):
+        return str(value)
+    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
+    if not module or "<" in name:  # a lambda or a local function: nothing another process can import
+        raise AdvmonConfigError(
+            f"the normalization function {value!r} cannot reach other processes (ADVMON_INSTRUMENT, Ray workers): "
+            "define it at module level, or declare a kind")
+    return f"{module}:{name}"
 
 
 def flag(environ: Mapping[str, str], name: str) -> bool:
@@ -210,11 +224,11 @@ def _names(text: str | None, entry: str) -> ArgumentNames:
                 values[key] = int(value)
             except ValueError:
                 raise AdvmonConfigError(f"ADVMON_INSTRUMENT entry {entry.strip()!r}: group_size must be an int") from None
-        elif key == "group_normalized":
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise AdvmonConfigError(f"ADVMON_INSTRUMENT entry {entry.strip()!r}: group_normalized must be true or "
-                                        f"false, got {value!r}")
-            values[key] = value.lower() in ("true", "1")
+        elif key == "normalization":  # a kind ("none" too: reward units), module:function, or "" to infer it
+            try:
+                values[key] = checked_normalization(resolve_attribute(value) if ":" in value else value or None)
+            except AdvmonConfigError as error:
+                raise AdvmonConfigError(f"ADVMON_INSTRUMENT entry {entry.strip()!r}: {error}") from None
         else:
             values[key] = None if value in ("", "None", "none") else value
     return ArgumentNames(**values)

@@ -13,8 +13,9 @@ Groups are ranked by why they were chosen, then by how bad they are:
    (it returned ``None``) although the summed reward is finite, or a sample
    with a non-finite valid advantage (most non-finite values first);
 1. **beyond the bound**: the group's largest finite |post-norm advantage| is more
-   than ``bound_factor`` times ``G / sqrt(G - 1)``, the most any group-std
-   normalization of ``G`` samples allows;
+   than ``bound_factor`` times what the call's normalization allows it
+   (:func:`advmon.group_bounds.group_ratios`: ``G / sqrt(G - 1)`` for a group-std
+   normalization of ``G`` samples, the group's reward spread for a group-mean baseline);
 2. the largest finite |post-norm advantage|.
 
 A group with none of these (no advantages known, nothing non-finite) is not an
@@ -22,10 +23,11 @@ exemplar.
 
 Example:
     >>> import torch
+    >>> from advmon.group_bounds import group_peaks
     >>> rewards = torch.tensor([1.0, float("nan"), 0.5, 0.5, 2.0, 0.0])
-    >>> ids = torch.tensor([0, 0, 1, 1, 2, 2])
-    >>> table = worst_groups(reward_segments(rewards, ids), torch.tensor([1.0, 0.0, 0.0, 0.0, 0.7, 0.7]),
-    ...                      torch.zeros(6), k=2, bound_factor=3.0)
+    >>> segments = reward_segments(rewards, torch.tensor([0, 0, 1, 1, 2, 2]))
+    >>> peaks = group_peaks(segments, torch.tensor([1.0, 0.0, 0.0, 0.0, 0.7, 0.7]), torch.zeros(6))
+    >>> table = worst_groups(segments, peaks, None, k=2, bound_factor=3.0)
     >>> [REASONS[int(row[FIELDS.index("reason")])] for row in table.tolist()]
     ['nonfinite_rewards', 'largest_abs_advantage']
     >>> [int(row[FIELDS.index("first_sample")]) for row in table.tolist()]
@@ -42,6 +44,7 @@ import numpy as np
 import torch
 
 from advmon.devices import host_float64, sync_free
+from advmon.group_bounds import GroupPeaks
 from advmon.groups import HostGroups, host_group_values
 
 __all__ = ["FIELDS", "REASONS", "HostSegments", "RewardSegments", "reward_segments", "worst_groups"]
@@ -75,6 +78,7 @@ class RewardSegments(NamedTuple):
 
     order: torch.Tensor  #: sample indices sorted by group (stable: the first of a segment is its first sample)
     bounds: torch.Tensor  #: slot ``s`` is ``order[bounds[s]:bounds[s + 1]]``; empty past the last group
+    slot: torch.Tensor  #: each sorted sample's slot (``ids[order]``)
     size: torch.Tensor
     finite: torch.Tensor
     nan: torch.Tensor
@@ -132,6 +136,7 @@ def reward_segments(
     return RewardSegments(
         order=order,
         bounds=bounds,
+        slot=group_of,
         size=size,
         finite=finite_count,
         nan=nan_count,
@@ -145,34 +150,33 @@ def reward_segments(
 
 def worst_groups(
     segments: RewardSegments | HostSegments,
-    abs_max: torch.Tensor | None,
-    nonfinite: torch.Tensor | None,
+    peaks: GroupPeaks | None,
+    ratio: torch.Tensor | np.ndarray | None,
     k: int,
     bound_factor: float,
     key_column: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The ``k`` worst groups as a ``[min(k, B), len(FIELDS)]`` float64 table, worst first.
 
-    ``abs_max`` and ``nonfinite`` are :func:`~advmon.row_summaries.row_summaries`
-    of the call's post-norm advantages (``None`` without them). Rows whose ``reason`` is ``NOT_CHOSEN``
-    are empty slots or groups with nothing to show. With ``key_column`` (given the chosen
-    groups' first samples, the numbers that name them) the table has one more column, last.
+    ``peaks`` are :func:`~advmon.group_bounds.group_peaks` of the call's post-norm
+    advantages (``None`` without them), ``ratio`` each group's peak over its bound
+    (:func:`~advmon.group_bounds.group_ratios`; ``None``: no bound known). Rows whose
+    ``reason`` is ``NOT_CHOSEN`` are empty slots or groups with nothing to show. With
+    ``key_column`` (given the chosen groups' first samples, the numbers that name them)
+    the table has one more column, last.
     """
     if isinstance(segments, HostSegments):
-        return _host_worst_groups(segments, abs_max, nonfinite, k, bound_factor, key_column)
+        return _host_worst_groups(segments, peaks, ratio, k, bound_factor, key_column)
     order, bounds = segments.order, segments.bounds
     slots = segments.size.shape[0]
-    if abs_max is None or nonfinite is None:
+    if peaks is None:
         peak = torch.full((slots,), math.nan, dtype=torch.float64, device=order.device)
         bad = torch.zeros(slots, dtype=torch.float64, device=order.device)
     else:
-        peak = torch.segment_reduce(abs_max.to(torch.float64)[order], "max", offsets=bounds, unsafe=True,
-                                    initial=-math.inf)
-        bad = torch.segment_reduce(nonfinite.to(torch.float64)[order], "sum", offsets=bounds, unsafe=True, initial=0.0)
-        peak = peak.masked_fill(peak == -math.inf, math.nan)  # no finite advantage in the group
+        peak, bad = peaks
     size = segments.size
-    # nan for groups of one (no bound: one sample normalizes to nothing) and without advantages.
-    ratio = (peak / (size / torch.sqrt(size - 1))).masked_fill(size < 2, math.nan)
+    if ratio is None:
+        ratio = torch.full((slots,), math.nan, dtype=torch.float64, device=order.device)
     reward_bad = segments.nan + segments.inf
     function_bad = segments.function_nonfinite
     reason = torch.full((slots,), float(NOT_CHOSEN), dtype=torch.float64, device=order.device)
@@ -233,8 +237,8 @@ def _host_reward_segments(
 
 def _host_worst_groups(
     segments: HostSegments,
-    abs_max: torch.Tensor | np.ndarray | None,
-    nonfinite: torch.Tensor | np.ndarray | None,
+    peaks: GroupPeaks | None,
+    ratio: np.ndarray | None,
     k: int,
     bound_factor: float,
     key_column: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -244,22 +248,9 @@ def _host_worst_groups(
     groups = segments.groups
     size = groups.size
     slots = size.shape[0]
-    starts = groups.bounds[:slots]
-    peak = bad = None
-    if abs_max is not None and nonfinite is not None and slots:
-        per_sample = host_float64(abs_max)
-        peak = np.maximum.reduceat(per_sample if groups.in_order else per_sample[groups.order], starts)
-        if peak.min() == -np.inf:
-            peak[peak == -np.inf] = np.nan  # no finite advantage in the group
-        broken = host_float64(nonfinite)
-        if broken.any():
-            bad = np.add.reduceat(broken if groups.in_order else broken[groups.order], starts)
-    peak = np.full(slots, np.nan) if peak is None else peak
-    bad = np.zeros(slots) if bad is None else bad
-    if slots and size.min() >= 2:
-        ratio = peak / (size / np.sqrt(size - 1))
-    else:  # nan for groups of one (no bound); the maximum keeps the square root's argument positive
-        ratio = np.where(size < 2, np.nan, peak / (size / np.sqrt(np.maximum(size - 1, 1))))
+    peak = np.full(slots, np.nan) if peaks is None else peaks.peak
+    bad = np.zeros(slots) if peaks is None else peaks.bad
+    ratio = np.full(slots, np.nan) if ratio is None else ratio
     reward_bad = groups.nan + groups.inf
     function_bad = segments.function_nonfinite
     # Reason codes rank by priority (the smallest that applies): a group with a peak is a largest |A|,

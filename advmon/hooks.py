@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from advmon.errors import AdvmonConfigError
+from advmon.normalization import Normalization, checked_normalization
 from advmon.observation import InputObservation, Problem
 from advmon.stats import Part
 
@@ -67,11 +68,11 @@ class ArgumentNames:
     #: ``parameter:prefix`` for its keys that start with ``prefix`` (NeMo-RL's GDPO components,
     #: ``repeated_batch:reward/``); ``None``: none (or :func:`scored_by`'s).
     reward_functions: str | None = None
-    #: Whether the estimator's advantages are normalized within each group (GRPO divides by the
-    #: group's std): then ``|A| <= G / sqrt(G - 1)`` bounds them. ``False`` for estimators that take the
-    #: groups but whiten over the batch (REINFORCE++, ReMax): the groups are still recorded, and
-    #: the bound alert uses ``ungrouped_abs_max`` instead.
-    group_normalized: bool = True
+    #: How the estimator normalizes its advantages, which decides how large they may be
+    #: (:mod:`advmon.normalization`): a kind (``"group_std"``, ``"group_loo_std"``, ``"group_mean"``,
+    #: ``"gpg"``, ``"batch"``, ``"none"``), a function of the call's arguments (a mapping by parameter
+    #: name, ``self`` included) returning one, or ``None``: inferred from each call's data.
+    normalization: Normalization = None
 
     def __post_init__(self) -> None:
         for name in ("rewards", "mask", "groups"):
@@ -85,8 +86,7 @@ class ArgumentNames:
         if spec is not None and (not isinstance(spec, str) or not spec.partition(":")[0].isidentifier()):
             raise AdvmonConfigError(
                 f"argument name for reward_functions must be an identifier or 'parameter:prefix', got {spec!r}")
-        if not isinstance(self.group_normalized, bool):
-            raise AdvmonConfigError(f"group_normalized must be True or False, got {self.group_normalized!r}")
+        checked_normalization(self.normalization)
         size = self.group_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise AdvmonConfigError(f"group_size must be a positive int or None, got {size!r}")
@@ -329,6 +329,8 @@ def _bind(
     inputs = {"rewards": lookup(names.rewards), "mask": lookup(names.mask), "groups": lookup(names.groups),
               "slices": _slice_labels(lookup, names.slices),
               "reward_functions": _reward_functions(lookup, names.reward_functions)}
+    if callable(names.normalization):  # it reads the call's own arguments (verl's norm_adv_by_std_in_grpo)
+        inputs["arguments"] = {**extra, **arguments}
     return inputs, owner
 
 

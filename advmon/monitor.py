@@ -55,6 +55,7 @@ from advmon.observation import (
     observe_output,
     tensor_part,
 )
+from advmon.normalization import Normalization, checked_normalization, judge, resolve
 from advmon.record import HISTOGRAM_STAGES, Record
 from advmon.rules import Thresholds
 from advmon.slices import SliceIndex
@@ -161,7 +162,7 @@ class Monitor:
         self.exemplars = checked_exemplars(exemplars)
         self._slice_index = SliceIndex(checked_max_slices(max_slices))
         # The alerts' own bound decides which groups are "beyond" it.
-        self._bound_factor = Thresholds.with_overrides(alert_thresholds)["group_bound_factor"]
+        self._bound_factor = Thresholds.with_overrides(alert_thresholds)["bound_factor"]
         self._lock = threading.RLock()
         self.rank = global_rank()
         if reduce not in ("none", "ranks"):
@@ -220,7 +221,7 @@ class Monitor:
         group_size: int | None = None,
         slices: str | None = None,
         reward_functions: str | None = None,
-        group_normalized: bool = True,
+        normalization: Normalization = None,
     ) -> Callable[[F], F]: ...
 
     def watch(
@@ -233,7 +234,7 @@ class Monitor:
         group_size: int | None = None,
         slices: str | None = None,
         reward_functions: str | None = None,
-        group_normalized: bool = True,
+        normalization: Normalization = None,
     ) -> F | Callable[[F], F]:
         """Decorate an estimator function or method; use bare or with argument names.
 
@@ -245,9 +246,13 @@ class Monitor:
         carries ``slices/<label>/...`` keys (docs/drilldown.md). ``reward_functions``
         names a parameter holding ``{name: per-sample rewards}`` (or
         ``"parameter:prefix"`` for its keys with that prefix): ``rewards/<name>/...``.
-        ``group_normalized=False`` is for estimators that take groups but whiten
-        their advantages over the batch (REINFORCE++, ReMax): the groups are
-        recorded, but ``|A|`` is not judged against the group bound.
+        ``normalization`` says how the estimator normalizes its advantages, which
+        decides how large they may be before the bound alert fires: ``"group_std"``
+        (GRPO), ``"group_loo_std"`` (NeMo-RL's GRPO), ``"group_mean"`` (Dr. GRPO,
+        RLOO, OPO), ``"gpg"``, ``"batch"`` (whitened: REINFORCE++, GAE), ``"none"``
+        (reward units: ReMax, raw rewards), or a function of the call's arguments
+        returning one; ``None`` (default) infers it from each call (docs/alerts.md,
+        Normalization kinds). An unknown value raises here, not during training.
 
         Example:
             >>> monitor = Monitor("doc", sinks=[])
@@ -259,7 +264,7 @@ class Monitor:
             'compute_grpo_outcome_advantage'
         """
         names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices,
-                              reward_functions=reward_functions, group_normalized=group_normalized)
+                              reward_functions=reward_functions, normalization=normalization)
 
         def decorate(function: F) -> F:
             return watch_with(function, self, names)
@@ -281,7 +286,7 @@ class Monitor:
         group_size: int | None = None,
         slices: Any = None,
         reward_functions: Mapping[str, Any] | None = None,
-        group_normalized: bool = True,
+        normalization: str | None = None,
     ) -> None:
         """Record advantages computed inline, without a decorator (e.g. TRL's GRPOTrainer).
 
@@ -291,8 +296,8 @@ class Monitor:
         ``reward_functions`` maps reward function (or component) names to their
         per-sample rewards, NaN where a function gave none: keys
         ``rewards/<name>/...``, so a function that returned ``None`` shows.
-        ``group_normalized=False``: the advantages were whitened over the batch,
-        not within groups (see :meth:`watch`).
+        ``normalization``: how the advantages were normalized (a kind, see
+        :meth:`watch`; ``None``: inferred).
 
         Example:
             >>> monitor = Monitor("doc", sinks=[])
@@ -303,6 +308,10 @@ class Monitor:
         """
         if self._refuse_closed():
             return
+        if callable(normalization):
+            raise AdvmonConfigError("observe(normalization=...) takes a kind, not a function: it has no call "
+                                    "arguments to read")
+        checked_normalization(normalization)
         problems: list[Problem] = []
         try:
             with torch.no_grad(), statistics_threads():
@@ -328,7 +337,7 @@ class Monitor:
                     slices=slices if slices is not None else current_slice_labels(),
                     slice_index=self._slice_index,
                     reward_functions=reward_functions if reward_functions is not None else current_reward_functions(),
-                    group_normalized=group_normalized,
+                    normalization=normalization,
                 )
         except ObservationError as error:
             self._report([error.problem])
@@ -480,7 +489,7 @@ class Monitor:
                     slices=call.inputs.get("slices"),
                     slice_index=self._slice_index,
                     reward_functions=call.inputs.get("reward_functions"),
-                    group_normalized=names.group_normalized,
+                    normalization=_declared(names, call),
                 )
         except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the estimator's
             call.problems.append(_internal_problem(exc))
@@ -578,7 +587,14 @@ class Monitor:
             parts = assembly.collect(calls)
         summaries, histograms = assembly.summaries_of(parts, HISTOGRAM_STAGES if self.histograms else ())
         self._report(assembly.record_problems(summaries, parts), quiet=quiet)
-        metrics = assembly.assemble(summaries, parts, self.reward_range)
+        verdict = judge(parts.normalizations, parts.bound_evidence, summaries, self.reward_range)
+        if verdict.contradicted(self._bound_factor):
+            self._warn_sink(
+                f"normalization:{verdict.kind}:{verdict.observed}",
+                f"{', '.join(dict.fromkeys(parts.estimators))} declares normalization {verdict.kind!r}, but at step "
+                f"{step} its |A| reached {verdict.ratio:.3g}x that bound while its groups look {verdict.observed!r}: "
+                "check watch(normalization=...) (docs/alerts.md, Normalization kinds)")
+        metrics = assembly.assemble(summaries, parts, self.reward_range, verdict)
         if parts.slices:
             metrics["slices/folded_labels"] = float(self._slice_index.folded)
         metrics["advmon/internal_errors"] = float(self._internal_errors)  # this step's problems included
@@ -590,8 +606,12 @@ class Monitor:
             estimator=",".join(dict.fromkeys(parts.estimators)),
             pre_norm_source=assembly.combined_source(parts.sources),
             metrics=metrics,
-            exemplars=assembly.worst_first(parts.exemplars, self.exemplars),
+            exemplars=assembly.worst_first(assembly.judged_exemplars(parts.exemplars, verdict, self._bound_factor),
+                                           self.exemplars),
             histograms=histograms,
+            normalization=verdict.kind if verdict.source is not None else None,
+            normalization_source=verdict.source,
+            normalization_observed=verdict.observed,
         )
 
     # ------------------------------------------------------------------ problems
@@ -645,6 +665,16 @@ def _numeric_metrics(metrics: dict[str, Any], problems: list[Problem]) -> dict[s
                 Problem("estimator_metric", f"estimator metric {key!r} is not a number ({type(value).__name__}); skipped")
             )
     return numeric
+
+
+def _declared(names: ArgumentNames, call: ActiveCall) -> str | None:
+    """The kind the call declares (a function of its arguments is asked now); a failing one is a problem of the
+    call, and the kind is then inferred."""
+    try:
+        return resolve(names.normalization, call.inputs.get("arguments", {}))
+    except ValueError as error:
+        call.problems.append(Problem("normalization", str(error)))
+        return None
 
 
 def _required_tensor(value: Any, name: str) -> torch.Tensor:

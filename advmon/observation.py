@@ -17,6 +17,7 @@ import torch
 
 from advmon.devices import host_float64, sync_free, to_device, where_float64_works
 from advmon.exemplars import HostSegments, RewardSegments, reward_segments, worst_groups
+from advmon.group_bounds import call_bounds, group_peaks
 from advmon.groups import (
     Grouping,
     GroupsError,
@@ -69,8 +70,10 @@ class CallParts:
     stages: dict[str, list[Part]] = field(default_factory=dict)
     pre_norm_source: str | None = None
     groups: torch.Tensor | None = None
-    #: Whether the advantages were normalized within these groups (the group bound applies to them).
-    group_normalized: bool = True
+    #: The normalization the estimator declared (:data:`advmon.normalization.KINDS`), ``None`` to infer it.
+    normalization: str | None = None
+    #: What the groups' peaks show of it (:func:`advmon.group_bounds.call_bounds`), with groups and rewards.
+    bound_evidence: torch.Tensor | np.ndarray | None = None
     estimator_metrics: dict[str, float | torch.Tensor] = field(default_factory=dict)
     #: The worst groups (:func:`advmon.exemplars.worst_groups`, plus a ``key`` column), and how to name them.
     exemplars: torch.Tensor | None = None
@@ -259,7 +262,7 @@ class InputObservation:
     groups: Any = None
     row_keys: RowKeys | None = None  #: prompt rows' hashes, taken by the grouping: the exemplars' keys
     group_size: int | None = None
-    #: Exemplars wanted per call, and the multiple of the group bound that makes a group "beyond" it.
+    #: Exemplars wanted per call, and the multiple of its bound that makes a group "beyond" it.
     exemplars: int = 0
     bound_factor: float = math.inf
     segments: RewardSegments | HostSegments | None = None
@@ -287,7 +290,7 @@ def observe_inputs(
     slices: Any = None,
     slice_index: SliceIndex | None = None,
     reward_functions: Mapping[str, Any] | None = None,
-    group_normalized: bool = True,
+    normalization: str | None = None,
 ) -> InputObservation:
     """Rewards, groups and the derived pre_norm of one call, from its inputs alone.
 
@@ -298,12 +301,11 @@ def observe_inputs(
     sample) and a run's ``slice_index``, for its per-slice sums too.
     ``reward_functions`` maps each reward function's (or component's) name to its
     per-sample rewards: stages ``rewards/<name>`` with the rewards' statistics.
-    Without ``group_normalized``, no group is beyond the group bound (the
-    estimator whitens over the batch; its groups are recorded all the same).
+    ``normalization`` is the kind the estimator declared (``None``: inferred from
+    the data); with groups, each call's groups are compared with its bound.
     """
-    seen = InputObservation(CallParts(estimator=estimator, group_normalized=group_normalized), groups=groups,
-                            group_size=group_size, exemplars=exemplars,
-                            bound_factor=bound_factor if group_normalized else math.inf)
+    seen = InputObservation(CallParts(estimator=estimator, normalization=normalization), groups=groups,
+                            group_size=group_size, exemplars=exemplars, bound_factor=bound_factor)
     seen.mask = _attempt(problems, lambda: as_tensor(mask, "mask"))
     functions = []
     for name, values in (reward_functions or {}).items():
@@ -330,7 +332,7 @@ def observe_inputs(
     if seen.pending_slices is not None:
         _attempt(problems, lambda: _slice_slots(seen, batch, seen.rewards.device))
     seen.function_nonfinite = _function_nonfinite(functions, seen.rewards)
-    if (exemplars > 0 or seen.slice_slots is not None) and seen.group_ids is not None:
+    if seen.group_ids is not None:  # the groups' values serve their bounds, the exemplars and the slices
         try:
             seen.segments = reward_segments(seen.rewards, seen.group_ids, seen.function_nonfinite, rising=rising)
         except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
@@ -402,7 +404,7 @@ def observe_output(
         _attempt(problems, lambda: _slice_slots(seen, batch, advantages_t.device))
     if seen.segments is not None or seen.slice_slots is not None:
         try:
-            _add_drilldown(seen, advantages_t)
+            _add_group_views(seen, advantages_t)
         except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
             problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
     if parts.groups is None and batch is not None:
@@ -429,7 +431,7 @@ def observe_call(
     slices: Any = None,
     slice_index: SliceIndex | None = None,
     reward_functions: Mapping[str, Any] | None = None,
-    group_normalized: bool = True,
+    normalization: str | None = None,
 ) -> CallParts:
     """Observe one call at once (inputs and output); see :func:`observe_inputs`."""
     seen = observe_inputs(
@@ -446,7 +448,7 @@ def observe_call(
         slices=slices,
         slice_index=slice_index,
         reward_functions=reward_functions,
-        group_normalized=group_normalized,
+        normalization=normalization,
     )
     return observe_output(seen, advantages=advantages, taps=taps, reward_range=reward_range, problems=problems)
 
@@ -473,28 +475,31 @@ def _expand_row_counts(seen: InputObservation, advantages: torch.Tensor) -> torc
     return seen.row_counts
 
 
-def _add_drilldown(seen: InputObservation, advantages: torch.Tensor | None) -> None:
-    """The call's worst groups (and a ``key`` column to name them by) and per-slice sums: more parts of the transfer."""
+def _add_group_views(seen: InputObservation, advantages: torch.Tensor | None) -> None:
+    """The call's groups against their bound, its worst groups (and a ``key`` column to name them by) and
+    per-slice sums: more parts of the transfer."""
     rows = _row_summaries(seen, advantages, sums=seen.slice_slots is not None)
-    exemplars = None
-    if seen.segments is not None and seen.exemplars > 0:
-        peaks = (None, None) if rows is None else (rows.peak(), rows.nonfinite)
-        named: list[GroupKeys] = []
+    parts = seen.parts
+    evidence = exemplars = slices = None
+    if seen.segments is not None:
+        peaks = None if rows is None else group_peaks(seen.segments, rows.peak(), rows.nonfinite)
+        evidence, ratios = call_bounds(seen.segments, peaks, seen.rewards, parts.normalization)
+        if seen.exemplars > 0:
+            named: list[GroupKeys] = []
 
-        def key_column(first: torch.Tensor) -> torch.Tensor:
-            keys, column = _group_keys(seen, first)
-            named.append(keys)
-            return column
+            def key_column(first: torch.Tensor) -> torch.Tensor:
+                keys, column = _group_keys(seen, first)
+                named.append(keys)
+                return column
 
-        exemplars = worst_groups(seen.segments, *peaks, k=seen.exemplars, bound_factor=seen.bound_factor,
-                                 key_column=key_column)
-        keys = named[0]
-    slices = None
+            exemplars = worst_groups(seen.segments, peaks, ratios, k=seen.exemplars, bound_factor=seen.bound_factor,
+                                     key_column=key_column)
+            keys = named[0]
     if seen.slice_slots is not None:
         slices = slice_table(seen.slice_slots, seen.slice_index.slots, seen.rewards, seen.segments, rows,
                              seen.function_nonfinite)
     # Only whole results join the record: a failure above leaves the call's parts as they were.
-    parts = seen.parts
+    parts.bound_evidence = evidence
     if exemplars is not None:
         parts.exemplars, parts.exemplar_keys = exemplars, keys
     if slices is not None:

@@ -5,7 +5,8 @@ are the contract that sinks, dashboards and alerts rely on:
 
 * ``rewards/{mean,std,min,max,count,nan_count,inf_count}`` (per sequence);
 * ``advantages/pre_norm/{...}`` and ``advantages/post_norm/{...}`` with
-  :data:`advmon.stats.VALUE_KEYS`;
+  :data:`advmon.stats.VALUE_KEYS`, and ``advantages/bound_ratio``: the step's
+  |A| over what its normalization allows (:mod:`advmon.normalization`);
 * ``groups/{count,singleton_count,zero_std_count,zero_std_fraction,nonfinite_count,max_size,bound_size}``
   and, with a reward range, ``groups/{all_low_fraction,all_high_fraction}``;
 * ``estimator/<name>`` for metrics the estimator reports itself;
@@ -74,10 +75,15 @@ class Record:
     exemplars: list[dict[str, Any]] = field(default_factory=list)
     #: The distribution of each stage's finite values (``pre_norm``, ``post_norm``), at most 64 bins.
     histograms: dict[str, Histogram] = field(default_factory=dict)
+    #: How the step's advantages were normalized (:mod:`advmon.normalization`): a kind, ``unknown`` or ``mixed``;
+    #: whether it was ``declared`` or ``inferred``; and what the data look like. ``None`` without advantages.
+    normalization: str | None = None
+    normalization_source: str | None = None
+    normalization_observed: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; NaN and infinities become ``None``. ``exemplars`` and ``histograms`` appear when
-        there are any (a histogram as its edges and counts)."""
+        """JSON-ready dict; NaN and infinities become ``None``. ``exemplars``, ``histograms`` and the
+        ``normalization`` fields appear when there are any (a histogram as its edges and counts)."""
         data = {
             "run": self.run,
             "step": self.step,
@@ -86,6 +92,10 @@ class Record:
             "pre_norm_source": self.pre_norm_source,
             "metrics": {key: _json_number(value) for key, value in self.metrics.items()},
         }
+        if self.normalization is not None:
+            data["normalization"] = self.normalization
+            data["normalization_source"] = self.normalization_source
+            data["normalization_observed"] = self.normalization_observed
         if self.exemplars:
             data["exemplars"] = [
                 {key: _json_number(value) if isinstance(value, float) else value for key, value in entry.items()}
@@ -119,6 +129,9 @@ class Record:
                 for entry in data.get("exemplars") or []
             ],
             histograms={stage: Histogram.from_dict(h) for stage, h in (data.get("histograms") or {}).items()},
+            normalization=data.get("normalization"),
+            normalization_source=data.get("normalization_source"),
+            normalization_observed=data.get("normalization_observed"),
         )
 
 
@@ -150,8 +163,8 @@ def group_metrics(
 ) -> dict[str, float]:
     """Group metrics from :data:`GROUP_COUNT_FIELDS` totals summed over a step's calls.
 
-    ``bound_size`` is the largest group whose advantages were normalized within it
-    (0 when the step's estimators whiten over the batch): the ``G`` of the group bound.
+    ``bound_size`` is the ``G`` of the group bound ``G / sqrt(G - 1)`` where the step was judged by it
+    (its largest group; 0 when the step's normalization has another bound).
     """
     if totals is None:
         totals = [math.nan] * len(GROUP_COUNT_FIELDS)

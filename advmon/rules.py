@@ -20,10 +20,10 @@ This module is plain Python: no torch, no sinks, so generators and the CLI stay 
 
 Example:
     >>> thresholds = Thresholds.with_overrides({"zero_std_ratio": 0.9})
-    >>> thresholds["zero_std_ratio"], thresholds["group_bound_factor"]
+    >>> thresholds["zero_std_ratio"], thresholds["bound_factor"]
     (0.9, 3.0)
     >>> [rule.name for rule in CATALOG if rule.severity == "critical"]
-    ['AdvmonNonFiniteRewards', 'AdvmonNonFiniteAdvantages', 'AdvmonAdvantageBeyondGroupBound', 'AdvmonRewardFunctionNonFinite']
+    ['AdvmonNonFiniteRewards', 'AdvmonNonFiniteAdvantages', 'AdvmonAdvantageBeyondBound', 'AdvmonRewardFunctionNonFinite']
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ __all__ = [
     "Window",
     "abs_limit",
     "abs_max_of",
-    "bound_size",
     "dashboard_link",
     "format_number",
     "Rule",
@@ -75,21 +74,15 @@ class Threshold:
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
-        "group_bound_factor",
+        "bound_factor",
         3.0,
-        "multiple of the group-normalization bound G/sqrt(G-1) above which |A| is impossible",
-        "G/sqrt(G-1) is the largest |A| of any group-std normalization (population or sample std, "
-        "mean or leave-one-out baseline). NeMo-RL's default also leaves the sample out of the std; "
-        "on graded rewards ({0, 0.3, 1}, G=8) that legitimately reaches 8.8 = 2.9x the bound "
-        "(measured in docs/alerts.md), while float32 cancellation gives |A| >= 1e3 and an epsilon "
-        "instead of a zero-std guard ~1e6. Use 1.0 for estimators that divide by the group's own std.",
-    ),
-    Threshold(
-        "ungrouped_abs_max",
-        10.0,
-        "largest plausible |A| when a step has no groups (PPO/GAE whitening, REINFORCE++)",
-        "whitened token advantages have Gaussian tails: |A| of 5-6 in 1e5-1e8 tokens is normal "
-        "(sqrt(2 ln N)); NeMo-RL's docs suggest clipping at 5; 10 leaves a 2x margin",
+        "multiple of its normalization's bound above which |A| is impossible (advantages/bound_ratio)",
+        "each kind's bound is what a healthy step reaches at most: G/sqrt(G-1) for a group-std normalization, "
+        "the group's reward spread for a group-mean baseline, the Gaussian tail sqrt(2 ln N) (or the "
+        "pre-norm's own largest z) for batch whitening, the reward scale in reward units "
+        "(advmon/normalization.py). NeMo-RL's leave-one-out std legitimately reaches 2.9x G/sqrt(G-1) on graded "
+        "rewards ({0, 0.3, 1}, G=8); float32 cancellation gives >= 300x, an x100 bug 30-100x. "
+        "Use 1.0 for estimators that divide by the group's own std.",
     ),
     Threshold(
         "zero_std_ratio",
@@ -115,9 +108,10 @@ THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
         "mean_drift",
         0.5,
-        "post-norm mean this far from its trailing median",
-        "post-norm advantages have unit scale; a healthy token-weighted mean sits near -0.1 and stays "
-        "within 0.14 of its trailing median even at 64 sequences a step (docs/alerts.md)",
+        "post-norm mean this far from its trailing median, in trailing post-norm stds",
+        "in units of the run's own post-norm spread, so it holds for unit-scale (std-normalized, whitened) and "
+        "reward-unit (group-mean, ReMax) advantages alike; a healthy token-weighted mean stays within 0.16 "
+        "stds of its trailing median even at 64 sequences a step (docs/alerts.md)",
     ),
     Threshold(
         "reward_drop_stds",
@@ -159,7 +153,7 @@ class Thresholds(Mapping[str, float]):
         >>> Thresholds.with_overrides({"zero_std": 1})
         Traceback (most recent call last):
         ...
-        advmon.errors.AdvmonConfigError: unknown threshold 'zero_std'; known: group_bound_factor, ungrouped_abs_max, zero_std_ratio, scale_collapse_ratio, scale_spike_ratio, mean_drift, reward_drop_stds, trailing_records, min_history_records, stale_seconds
+        advmon.errors.AdvmonConfigError: unknown threshold 'zero_std'; known: bound_factor, zero_std_ratio, scale_collapse_ratio, scale_spike_ratio, mean_drift, reward_drop_stds, trailing_records, min_history_records, stale_seconds
     """
 
     def __init__(self, values: Mapping[str, float]) -> None:
@@ -200,7 +194,17 @@ class Thresholds(Mapping[str, float]):
         return f"Thresholds({changed})"
 
 
+#: Thresholds that were replaced, and what replaced them.
+_REPLACED = {
+    "group_bound_factor": "bound_factor (the same multiple, now of every normalization kind's own bound)",
+    "ungrouped_abs_max": "bound_factor (whitened advantages are judged against their own Gaussian tail "
+                         "sqrt(2 ln N), docs/alerts.md)",
+}
+
+
 def _checked_threshold(name: str, raw: Any) -> float:
+    if name in _REPLACED:
+        raise AdvmonConfigError(f"threshold {name!r} was replaced by {_REPLACED[name]}")
     if name not in _BY_NAME:
         raise AdvmonConfigError(f"unknown threshold {name!r}; known: {', '.join(_BY_NAME)}")
     try:
@@ -246,17 +250,6 @@ class Finding:
     active: bool
     value: float
     labels: tuple[tuple[str, str], ...] = ()
-
-
-def bound_size(metrics: Mapping[str, Any]) -> float:
-    """The ``G`` of the group bound: ``groups/bound_size``, or ``groups/max_size`` in records written before it.
-
-    Example:
-        >>> bound_size({"groups/max_size": 8.0, "groups/bound_size": 0.0}), bound_size({"groups/max_size": 8.0})
-        (0.0, 8.0)
-    """
-    value = metrics.get("groups/bound_size", metrics.get("groups/max_size", math.nan))
-    return math.nan if value is None else float(value)
 
 
 def _get(record: RecordLike, key: str) -> float:
@@ -515,35 +508,27 @@ def _eval_nonfinite_advantages(window: Window, t: Thresholds) -> list[Finding]:
 
 
 def abs_limit(metrics: Mapping[str, Any], t: Thresholds) -> float:
-    """The |A| the bound alert allows at a record: the group bound, or ``ungrouped_abs_max`` without one.
+    """The |A| at which the bound alert fires at a record: ``bound_factor`` x |A| / ``advantages/bound_ratio``
+    (for a group-mean step, the bound of its worst group); ``nan`` without one.
 
     Example:
         >>> t = Thresholds.with_overrides(None)
-        >>> abs_limit({"groups/bound_size": 8.0}, t) == group_bound(8, 3.0), abs_limit({"groups/bound_size": 0.0}, t)
-        (True, 10.0)
+        >>> abs_limit({"advantages/bound_ratio": 0.875, "advantages/post_norm/max": 17.5}, t)
+        60.0
     """
-    bound = group_bound(bound_size(metrics), t["group_bound_factor"])
-    return t["ungrouped_abs_max"] if math.isnan(bound) else bound
+    ratio, peak = metrics.get("advantages/bound_ratio"), abs_max_of(metrics)
+    if ratio is None or not 0 < ratio < math.inf or math.isnan(peak):
+        return math.nan
+    return t["bound_factor"] * peak / ratio
 
 
-def _eval_group_bound(window: Window, t: Thresholds) -> list[Finding]:
-    record = window[-1]
-    value = abs_max_of(record.metrics)
-    return _single(value > abs_limit(record.metrics, t), value)
+def _eval_bound(window: Window, t: Thresholds) -> list[Finding]:
+    ratio = _get(window[-1], "advantages/bound_ratio")
+    return _single(ratio > t["bound_factor"], ratio)
 
 
-def bound_promql(t: Thresholds, ctx: PromContext) -> str:
-    """The per-run bound on |A| as PromQL: the group bound where a step's advantages were normalized within
-    groups, else ``ungrouped_abs_max``."""
-    size = ctx.metric("advmon_group_bound_size")
-    grouped = f"({size} >= 2)"
-    fallback = f"({format_number(t['ungrouped_abs_max'])} + 0 * {ctx.metric('advmon_updates_total')})"
-    return f"(({format_number(t['group_bound_factor'])} * {grouped} / sqrt({grouped} - 1)) or on (job, instance, run) {fallback})"
-
-
-def _prom_group_bound(t: Thresholds, ctx: PromContext) -> str:
-    abs_max = ctx.stage_metric("advmon_advantage_abs_max", "post_norm")
-    return f"{abs_max} > {bound_promql(t, ctx)}"
+def _prom_bound(t: Thresholds, ctx: PromContext) -> str:
+    return f"{ctx.metric('advmon_advantage_bound_ratio')} > {format_number(t['bound_factor'])}"
 
 
 def _labelled_values(record: RecordLike, family: str, key: str, window: Window) -> list[tuple[str, float]]:
@@ -620,6 +605,7 @@ def _relative(key: str, compare: Callable[[float, Thresholds], bool]) -> Evaluat
 # Recording rules: a run's own recent level, computed once per evaluation for all runs.
 PRE_STD_MEDIAN = "advmon:advantage_std_pre_norm:trailing_median"
 POST_MEAN_MEDIAN = "advmon:advantage_mean_post_norm:trailing_median"
+POST_STD_MEDIAN = "advmon:advantage_std_post_norm:trailing_median"
 REWARD_MEAN_MEDIAN = "advmon:reward_mean:trailing_median"
 REWARD_STD_MEDIAN = "advmon:reward_std:trailing_median"
 TRAILING_COUNT = "advmon:records:trailing_count"
@@ -636,6 +622,7 @@ def recording_rules(t: Thresholds, ctx: PromContext) -> list[tuple[str, str]]:
         (TRAILING_COUNT, f"count_over_time({ctx.metric('advmon_step')}[{window}])"),
         (PRE_STD_MEDIAN, median("advmon_advantage_std", stage="pre_norm")),
         (POST_MEAN_MEDIAN, median("advmon_advantage_mean", stage="post_norm")),
+        (POST_STD_MEDIAN, median("advmon_advantage_std", stage="post_norm")),
         (REWARD_MEAN_MEDIAN, median("advmon_reward_mean")),
         (REWARD_STD_MEDIAN, median("advmon_reward_std")),
     ]
@@ -654,15 +641,17 @@ def _prom_scale(compare: str, threshold: str) -> PromQL:
 
 
 def _eval_mean_drift(window: Window, t: Thresholds) -> list[Finding]:
+    """The post-norm mean's move from its trailing median, in trailing post-norm stds (scale-free)."""
     key = "advantages/post_norm/mean"
     median, count = _trailing(window, key, t)
-    drift = _get(window[-1], key) - median
+    spread, _ = _trailing(window, "advantages/post_norm/std", t)
+    drift = _div(_get(window[-1], key) - median, spread)
     limit = t["mean_drift"]
     return _single(count >= t.records("min_history_records") and (drift > limit or drift < -limit), drift)
 
 
 def _prom_mean_drift(t: Thresholds, ctx: PromContext) -> str:
-    drift = f"({ctx.stage_metric('advmon_advantage_mean', 'post_norm')} - {POST_MEAN_MEDIAN})"
+    drift = f"(({ctx.stage_metric('advmon_advantage_mean', 'post_norm')} - {POST_MEAN_MEDIAN}) / {POST_STD_MEDIAN})"
     limit = format_number(t["mean_drift"])
     return f"({drift} > {limit} or {drift} < -{limit}){_enough_history(t)}"
 
@@ -730,17 +719,17 @@ CATALOG: tuple[Rule, ...] = (
         evaluate=_eval_nonfinite_advantages,
     ),
     Rule(
-        name="AdvmonAdvantageBeyondGroupBound",
+        name="AdvmonAdvantageBeyondBound",
         severity="critical",
-        summary="Advantages beyond what group normalization allows: the grouping or the std is wrong",
+        summary="Advantages beyond what the estimator's normalization allows: the grouping, the std or the scale is wrong",
         description=(
-            "Run {run}: |advantage| reached {value} at step " + _STEP + ", beyond {group_bound_factor} x G/sqrt(G-1) "
-            "for its largest group of G ({ungrouped_abs_max} without groups)."
+            "Run {run}: |advantage| reached {value}x what its normalization allows at step " + _STEP + " "
+            "(threshold {bound_factor}x; advantages/bound_ratio, the record says which normalization)."
         ),
         for_records=1,
-        thresholds=("group_bound_factor", "ungrouped_abs_max"),
-        promql=_prom_group_bound,
-        evaluate=_eval_group_bound,
+        thresholds=("bound_factor",),
+        promql=_prom_bound,
+        evaluate=_eval_bound,
     ),
     Rule(
         name="AdvmonZeroStdGroupsHigh",
@@ -813,14 +802,14 @@ CATALOG: tuple[Rule, ...] = (
         severity="warning",
         summary="Post-norm advantage mean drifted from the run's recent level",
         description=(
-            "Run {run}: post-norm mean moved {value} from its trailing median at step " + _STEP + " "
+            "Run {run}: post-norm mean moved {value} trailing stds from its trailing median at step " + _STEP + " "
             "(threshold {mean_drift})."
         ),
         for_records=3,
         thresholds=("mean_drift", "trailing_records", "min_history_records"),
         promql=_prom_mean_drift,
         evaluate=_eval_mean_drift,
-        recording=(POST_MEAN_MEDIAN, TRAILING_COUNT),
+        recording=(POST_MEAN_MEDIAN, POST_STD_MEDIAN, TRAILING_COUNT),
     ),
     Rule(
         name="AdvmonRewardCollapse",
@@ -930,12 +919,16 @@ def where(alert: str, record: Any, labels: Mapping[str, str] | None = None) -> s
             parts.append("worst groups: " + ", ".join(
                 _named(e, f"{format_number(_number(e, 'advantage_nonfinite_samples'))} of "
                           f"{format_number(_number(e, 'size'))} samples NaN/Inf") for e in chosen))
-    elif alert == "AdvmonAdvantageBeyondGroupBound":
-        chosen = [e for e in exemplars if e.get("reason") == "beyond_bound"]
+    elif alert == "AdvmonAdvantageBeyondBound":
+        kind, source = getattr(record, "normalization", None), getattr(record, "normalization_source", None)
+        if kind:
+            parts.append(f"normalization {kind}" + (f" ({source})" if source else ""))
+        beyond = [e for e in exemplars if e.get("reason") == "beyond_bound"]
+        chosen = beyond or [e for e in exemplars if e.get("reason") == "largest_abs_advantage"][:3]
         if chosen:
-            parts.append("worst groups: " + ", ".join(
+            parts.append(("worst groups: " if beyond else "largest |A|: ") + ", ".join(
                 _named(e, f"|A| {_format_value(_number(e, 'advantage_abs_max'))} = "
-                          f"{_format_value(_number(e, 'advantage_bound_ratio'))}x G/sqrt(G-1)") for e in chosen))
+                          f"{_format_value(_number(e, 'advantage_bound_ratio'))}x its bound") for e in chosen))
     elif alert in ("AdvmonZeroStdGroupsHigh", "AdvmonSliceZeroStdHigh"):
         ratios = _slice_values(metrics, "groups/zero_std_fraction")
         if labels.get("slice") in ratios:

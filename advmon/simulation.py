@@ -38,8 +38,8 @@ HEALTHY = ("grpo_binary", "grpo_binary_g16", "grpo_small_batch", "grpo_graded_lo
 #: Failure kinds, each with the alert meant to catch it.
 FAILURES = {
     "nan_rewards": "AdvmonNonFiniteRewards",
-    "loo_float32_cancellation": "AdvmonAdvantageBeyondGroupBound",
-    "ppo_advantage_explosion": "AdvmonAdvantageBeyondGroupBound",
+    "loo_float32_cancellation": "AdvmonAdvantageBeyondBound",
+    "ppo_advantage_explosion": "AdvmonAdvantageBeyondBound",
     "zero_std_collapse": "AdvmonZeroStdGroupsHigh",
     "reward_model_collapse": "AdvmonAdvantageScaleCollapse",
     "reward_scale_spike": "AdvmonAdvantageScaleSpike",

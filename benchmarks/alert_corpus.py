@@ -75,19 +75,17 @@ def score(seeds: int, steps: int, onset: int, thresholds: Thresholds) -> str:
 
 _MARGINS = {
     "zero-std ratio, 3-record minimum": ("max", lambda t: f"> {t['zero_std_ratio']:g}"),
-    "|A| / (G/sqrt(G-1)), grouped runs": ("max", lambda t: f"> {t['group_bound_factor']:g}"),
-    "|A|, ungrouped runs": ("max", lambda t: f"> {t['ungrouped_abs_max']:g}"),
+    "|A| / its bound (advantages/bound_ratio)": ("max", lambda t: f"> {t['bound_factor']:g}"),
     "pre-norm std / trailing median (low)": ("min", lambda t: f"< {t['scale_collapse_ratio']:g}"),
     "pre-norm std / trailing median (high)": ("max", lambda t: f"> {t['scale_spike_ratio']:g}"),
-    "|post-norm mean - trailing median|": ("max", lambda t: f"> {t['mean_drift']:g}"),
+    "|post-norm mean - trailing median| / trailing std": ("max", lambda t: f"> {t['mean_drift']:g}"),
     "reward drop / trailing reward std": ("max", lambda t: f"> {t['reward_drop_stds']:g}"),
 }
 
 
 def healthy_margins(records, thresholds: Thresholds) -> dict[str, float]:
     """The worst value each signal reached on one healthy run."""
-    from advmon.record import abs_max
-    from advmon.rules import _go_quantile, group_bound
+    from advmon.rules import _go_quantile
 
     window = thresholds.records("trailing_records")
     history = thresholds.records("min_history_records")
@@ -96,9 +94,7 @@ def healthy_margins(records, thresholds: Thresholds) -> dict[str, float]:
     out["zero-std ratio, 3-record minimum"] = [min(zero[i - 2 : i + 1]) for i in range(2, len(zero))]
     for i, record in enumerate(records):
         m = record.metrics
-        bound = group_bound(m.get("groups/max_size", 0.0), 1.0)
-        key = "|A|, ungrouped runs" if bound != bound else "|A| / (G/sqrt(G-1)), grouped runs"
-        out[key].append(abs_max(m, "post_norm") / (1.0 if bound != bound else bound))
+        out["|A| / its bound (advantages/bound_ratio)"].append(m["advantages/bound_ratio"])
         recent = records[max(0, i - window + 1) : i + 1]
         if len(recent) < history:
             continue
@@ -109,7 +105,8 @@ def healthy_margins(records, thresholds: Thresholds) -> dict[str, float]:
         ratio = m["advantages/pre_norm/std"] / median("advantages/pre_norm/std")
         out["pre-norm std / trailing median (low)"].append(ratio)
         out["pre-norm std / trailing median (high)"].append(ratio)
-        out["|post-norm mean - trailing median|"].append(abs(m["advantages/post_norm/mean"] - median("advantages/post_norm/mean")))
+        out["|post-norm mean - trailing median| / trailing std"].append(
+            abs(m["advantages/post_norm/mean"] - median("advantages/post_norm/mean")) / median("advantages/post_norm/std"))
         out["reward drop / trailing reward std"].append((median("rewards/mean") - m["rewards/mean"]) / median("rewards/std"))
     return {name: ((max if _MARGINS[name][0] == "max" else min)(v) if v else float("nan")) for name, v in out.items()}
 

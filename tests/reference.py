@@ -228,3 +228,83 @@ def slice_stats(labels, rewards, keys=None, advantages=None, mask=None, function
             })
         out[label] = entry
     return out
+
+
+def _sample_peaks(advantages, mask) -> list[float]:
+    """Each sample's largest finite |A| at its valid positions; ``nan`` for a sample with a non-finite one or none."""
+    a = np.asarray(advantages, dtype=np.float64)
+    if a.ndim == 2 and a.shape[1] == 1:
+        a = a[:, 0]
+    m = None if mask is None or a.ndim == 1 else np.asarray(mask, dtype=np.float64) > 0
+    peaks = []
+    for i in range(a.shape[0]):
+        row = np.atleast_1d(a[i]) if a.ndim == 1 else a[i][m[i]] if m is not None else a[i]
+        peaks.append(float(np.max(np.abs(row))) if row.size and np.all(np.isfinite(row)) else math.nan)
+    return peaks
+
+
+def group_bound_ratios(kind, rewards, keys, advantages, mask=None) -> list[float]:
+    """Each group's peak |A| over what ``kind`` allows it (docs/alerts.md, Normalization kinds), with loops.
+
+    group_std: G / sqrt(G - 1); group_mean: the spread of its finite rewards (two at least) plus 1e-6 of its
+    largest |reward| (0 / 0 counts as 0); gpg: B / max(1, rewards != 0) times that; group_loo_std: the looser of both
+    where all finite rewards but one are equal, else group_std's.
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    peaks = _sample_peaks(advantages, mask)
+    members: dict = {}
+    for i, key in enumerate(keys):
+        members.setdefault(key, []).append(i)
+    scale = r.size / max(1, int(np.count_nonzero(r))) if kind == "gpg" else 1.0
+    ratios = []
+    for samples in members.values():
+        known = [peaks[i] for i in samples if not math.isnan(peaks[i])]
+        peak = max(known) if known else math.nan
+        finite = r[samples][np.isfinite(r[samples])]
+        size = len(samples)
+        by_size = peak * math.sqrt(size - 1) / size if size >= 2 else math.nan
+        if finite.size >= 2 and not math.isnan(peak):
+            spread = float(finite.max() - finite.min())
+            denominator = scale * (spread + 1e-6 * max(abs(float(finite.min())), abs(float(finite.max()))))
+            by_spread = 0.0 if peak == 0 else (peak / denominator if denominator > 0 else math.inf)
+        else:
+            by_spread = math.nan
+        if kind == "group_std":
+            ratios.append(by_size)
+        elif kind in ("group_mean", "gpg"):
+            ratios.append(by_spread)
+        elif kind == "group_loo_std":
+            values, counts = np.unique(finite, return_counts=True)
+            odd = finite.size >= 2 and values.size == 2 and counts.min() == 1
+            ratios.append(min(by_size, by_spread) if odd else by_size)
+    return ratios
+
+
+def bound_ratio(kind, rewards, keys, advantages, mask=None, pre_norm=None, reward_range=None) -> float:
+    """A step's ``advantages/bound_ratio`` under ``kind``, from its rewards, groups and advantages.
+
+    ``pre_norm`` defaults to each reward minus its group's finite mean; ``unknown`` is the smallest of the
+    group_std, group_mean, batch and none ratios, and ``nan`` without a reward scale.
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    post = value_stats(advantages, mask)
+    abs_max = max(abs(post["min"]), abs(post["max"])) if not math.isnan(post["max"]) else math.nan
+    if kind in ("group_std", "group_mean", "gpg", "group_loo_std"):
+        known = [x for x in group_bound_ratios(kind, r, keys, advantages, mask) if not math.isnan(x)]
+        return max(known) if known else math.nan
+    if kind == "batch":
+        pre = value_stats(derived_pre_norm(r, keys) if pre_norm is None else pre_norm)
+        finite = post["count"] - post["nan_count"] - post["inf_count"]
+        z = (max(pre["max"] - pre["mean"], pre["mean"] - pre["min"]) / pre["std"]) if pre["std"] > 0 else 1.0
+        return abs_max / max(1.0, math.sqrt(2 * math.log(finite)) if finite > 1 else 1.0, z)
+    if kind == "none":
+        finite = r[np.isfinite(r)]
+        scales = [abs(finite.min()), abs(finite.max()), finite.max() - finite.min()] if finite.size else []
+        if reward_range is not None:
+            scales.append(reward_range[1] - reward_range[0])
+        scale = max(scales, default=0.0)
+        return abs_max / scale if scale > 0 else math.nan
+    assert kind == "unknown", kind
+    ratios = [bound_ratio(k, r, keys, advantages, mask, pre_norm, reward_range)
+              for k in ("group_std", "group_mean", "batch", "none")]
+    return math.nan if math.isnan(ratios[-1]) else min(x for x in ratios if not math.isnan(x))

@@ -56,7 +56,7 @@ def test_promtool_checks_and_unit_tests_pass_on_the_committed_files():
 def test_promtool_tests_pass_for_a_teams_own_settings_and_fail_when_a_rule_is_broken(tmp_path):
     code = main([
         "alerts", "generate", "--out", str(tmp_path), "--interval", "15s", "--for", "45s",
-        "--threshold", "zero_std_ratio=0.9", "--threshold", "group_bound_factor=1",
+        "--threshold", "zero_std_ratio=0.9", "--threshold", "bound_factor=1",
         "--threshold", "trailing_records=20", "--selector", 'job="grpo"',
         "--runbook-base", "https://wiki.example.test/advmon", "--dashboard-url", "https://grafana.example.test/d/x",
         "--slack-webhook-file", "/run/secrets/slack",

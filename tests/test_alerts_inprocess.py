@@ -236,11 +236,18 @@ def test_in_process_dashboard_links_open_on_the_firing_record():
     assert payload["attachments"][0]["title_link"] == expected
 
 
-def test_batch_whitened_groups_are_recorded_but_not_held_to_the_group_bound():
+@pytest.mark.parametrize("declared", ["batch", None, "group_std"])
+def test_batch_whitened_groups_are_recorded_and_judged_by_the_declared_kind(declared):
     """REINFORCE++-style whitening over the batch with groups of 2: one |A| of about 8 is a Gaussian tail,
-    not a broken normalization (the bound 3 x 2/sqrt(1) = 6 is for advantages normalized within groups)."""
+    not a broken normalization (the bound 3 x 2/sqrt(1) = 6 is for advantages normalized within groups).
+    Declared ``batch`` or inferred, it is quiet; declared ``group_std`` it fires, and the monitor says once
+    that the data look whitened over the batch."""
+    import warnings
+
     import advmon
     import torch
+
+    from advmon.errors import AdvmonWarning
 
     from .conftest import ListSink
     from .reference import group_stats
@@ -252,39 +259,47 @@ def test_batch_whitened_groups_are_recorded_but_not_held_to_the_group_bound():
     advantages = torch.from_numpy((rewards - rewards.mean()) / rewards.std())
     assert 6.5 < float(advantages.abs().max()) < 10
     keys = [i // 2 for i in range(512)]
-    records = {}
-    for normalized in (False, True):
-        sink = ListSink()
-        with advmon.Monitor(f"normalized-{normalized}", sinks=[sink]) as monitor:
+    sink = ListSink()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", AdvmonWarning)
+        with advmon.Monitor(f"declared-{declared}", sinks=[sink]) as monitor:
 
-            @monitor.watch(groups=None, group_size=2, group_normalized=normalized)
+            @monitor.watch(groups=None, group_size=2, normalization=declared)
             def compute_advantage(rewards, mask=None):
                 return advantages
 
             for step in range(3):
                 with monitor.step(step):
                     compute_advantage(torch.from_numpy(rewards))
-        records[normalized] = sink.records
-    for normalized, recorded in records.items():
-        metrics = recorded[-1].metrics
-        for key, value in group_stats(rewards, keys).items():  # the groups are there all the same
-            assert metrics[key] == pytest.approx(value, nan_ok=True), key
-        assert metrics["groups/bound_size"] == (2.0 if normalized else 0.0)
-        reasons = {entry["reason"] for entry in recorded[-1].exemplars}
-        assert ("beyond_bound" in reasons) == normalized
-        fired = {o.alert for o in evaluate_records(recorded)}
-        assert ("AdvmonAdvantageBeyondGroupBound" in fired) == normalized, fired
+    record = sink.records[-1]
+    for key, value in group_stats(rewards, keys).items():  # the groups are there all the same
+        assert record.metrics[key] == pytest.approx(value, nan_ok=True), key
+    normalized = declared == "group_std"
+    assert (record.normalization, record.normalization_observed) == (declared or "batch", "batch")
+    assert record.normalization_source == ("declared" if declared else "inferred")
+    assert record.metrics["groups/bound_size"] == (2.0 if normalized else 0.0)
+    reasons = {entry["reason"] for entry in record.exemplars}
+    assert ("beyond_bound" in reasons) == normalized
+    fired = {o.alert for o in evaluate_records(sink.records)}
+    assert ("AdvmonAdvantageBeyondBound" in fired) == normalized, fired
+    contradictions = [str(w.message) for w in caught if "declares normalization" in str(w.message)]
+    assert len(contradictions) == (1 if normalized else 0), contradictions  # said once, not every step
+    if normalized:
+        assert "'group_std'" in contradictions[0] and "look 'batch'" in contradictions[0]
 
 
-def test_group_normalized_is_read_from_advmon_instrument():
+def test_normalization_is_read_from_advmon_instrument():
     from advmon.environment import parse_targets
     from advmon.errors import AdvmonConfigError
 
-    target, plain = parse_targets("my.module:Reinforce(group_normalized=false); my.module:GRPO")
-    assert target.names.group_normalized is False and plain.names.group_normalized is True
+    target, raw, plain = parse_targets(
+        "my.module:Reinforce(normalization=batch); my.module:ReMax(normalization=none); my.module:GRPO")
+    assert (target.names.normalization, raw.names.normalization, plain.names.normalization) == ("batch", "none", None)
     assert parse_targets(target.spec) == [target]  # how a Ray worker receives it
-    with pytest.raises(AdvmonConfigError, match="group_normalized must be true or false"):
-        parse_targets("my.module:Reinforce(group_normalized=maybe)")
+    with pytest.raises(AdvmonConfigError, match="unknown normalization 'maybe'; expected one of group_std"):
+        parse_targets("my.module:Reinforce(normalization=maybe)")
+    with pytest.raises(AdvmonConfigError, match="expected .* or normalization=, got 'group_normalized=false'"):
+        parse_targets("my.module:Reinforce(group_normalized=false)")
 
 
 def test_nemo_rl_reinforce_plus_plus_records_its_groups_without_the_group_bound():

@@ -91,7 +91,7 @@ def test_exemplars_match_numpy(path, layout, keys, sink):
         "group-size": lambda e: f"samples {e['first']}-{e['first'] + size - 1}",
     }[keys]
     with advmon.Monitor("exemplars", sinks=[sink], exemplars=5) as monitor, statistics_path(path):
-        monitor.observe(rewards=rewards, advantages=advantages, mask=mask, **grouping)
+        monitor.observe(rewards=rewards, advantages=advantages, mask=mask, normalization="group_std", **grouping)
     record = sink.records[-1]
     expected = worst_groups(rewards.numpy(), list(ids), advantages.numpy(), mask.numpy())
     assert_same_worst(record.exemplars, expected, 5, names)
@@ -116,7 +116,8 @@ def test_a_steps_calls_are_merged_and_cut_to_k(sink):
     second[0] = -math.inf  # a second call's worst group
     with advmon.Monitor("merged", sinks=[sink], exemplars=3) as monitor, monitor.step(1):
         for r, prefix in ((rewards, "a"), (second, "b")):
-            monitor.observe(rewards=r, advantages=grpo(r, mask, 4), groups=[f"{prefix}{i // 4}" for i in range(48)])
+            monitor.observe(rewards=r, advantages=grpo(r, mask, 4), groups=[f"{prefix}{i // 4}" for i in range(48)],
+                            normalization="group_std")
     got = sink.records[-1].exemplars
     keys = [f"a{i // 4}" for i in range(48)] + [f"b{i // 4}" for i in range(48)]
     both = torch.cat([rewards, second])
@@ -173,7 +174,7 @@ def test_exemplars_of_any_batch_match_numpy(data):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an all-invalid mask warns; the exemplars still come
         with advmon.Monitor("any", sinks=[sink], exemplars=k) as monitor, statistics_path(path):
-            monitor.observe(rewards=rewards, advantages=advantages, mask=mask, groups=keys)
+            monitor.observe(rewards=rewards, advantages=advantages, mask=mask, groups=keys, normalization="group_std")
     expected = worst_groups(rewards.numpy(), keys, advantages.numpy(), mask.numpy())
     assert_same_worst(sink.records[-1].exemplars, expected, k, lambda e: e["key"])
 
@@ -189,7 +190,7 @@ def test_a_reward_function_that_returned_none_names_its_groups(path, sink):
     keys = [f"uid-{i // 4}" for i in range(32)]
     advantages = grpo(rewards, torch.ones(32, 4), 4).float()
     with advmon.Monitor("functions", sinks=[sink], exemplars=3) as monitor, statistics_path(path):
-        monitor.observe(rewards=rewards, advantages=advantages, groups=keys,
+        monitor.observe(rewards=rewards, advantages=advantages, groups=keys, normalization="group_std",
                         reward_functions={"correctness": correctness, "graded": graded},
                         slices=["beta" if i < 16 else "alpha" for i in range(32)])
     record = sink.records[-1]
@@ -224,7 +225,7 @@ def test_exemplars_from_the_sketchs_own_pass_match_numpy(layout, sink, monkeypat
     original = advmon.observation._from_extremes
     monkeypatch.setattr(advmon.observation, "_from_extremes", lambda *a: taken.append(1) or original(*a))
     with advmon.Monitor("sketched", sinks=[sink], exemplars=12) as monitor:
-        monitor.observe(rewards=rewards, advantages=advantages, mask=mask, groups=keys,
+        monitor.observe(rewards=rewards, advantages=advantages, mask=mask, groups=keys, normalization="group_std",
                         slices=["a" if i < 24 else "b" for i in range(48)])
     record = sink.records[-1]
     assert taken == ([] if layout == "dense-random-mask" else [1])  # a random mask takes the general sketch

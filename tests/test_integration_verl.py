@@ -8,7 +8,7 @@ import torch
 
 import advmon
 import advmon.lifecycle
-from tests.reference import assert_stats_close, derived_pre_norm, group_stats, slice_stats, value_stats
+from tests.reference import assert_stats_close, bound_ratio, derived_pre_norm, group_stats, slice_stats, value_stats
 from tests.conftest import ListSink
 from tests.services import require_module
 
@@ -90,17 +90,43 @@ def test_outputs_unchanged_one_record_per_call_statistics_equal_numpy(name, inst
     assert_stats_close(record.metrics, value_stats(advantages, mask), "advantages/post_norm/")
     assert_stats_close(record.metrics, {k: v for k, v in value_stats(rewards).items() if k in ("mean", "std", "min", "max", "count")}, "rewards/")
     keys = list(data.non_tensor_batch["uid"])
+    # Each estimator is judged by its own normalization's bound (issue 25): GRPO's G/sqrt(G-1), RLOO's and OPO's
+    # group spread, GPG's spread times its batch factor, the whitened ones' Gaussian tail, ReMax's reward scale.
+    kind = {"grpo": "group_std", "grpo_vectorized": "group_std", "gae": "batch", "rloo": "group_mean",
+            "opo": "group_mean", "gpg": "gpg", "reinforce_plus_plus": "batch", "reinforce_plus_plus_baseline": "batch",
+            "gdpo": "batch", "remax": "none"}[name]
+    assert (record.normalization, record.normalization_source) == (kind, "declared")
     if name in advmon_verl._UNGROUPED_ESTIMATORS:
         assert record.metrics["groups/count"] == 0
         assert record.metrics["groups/bound_size"] == 0
+        # GAE taps what it whitens, the raw GAE advantages, as its pre_norm: the whitened |A| is its own z-score.
+        raw = raw_gae_advantages(data)
+        assert_stats_close(record.metrics, value_stats(raw, mask), "advantages/pre_norm/")
+        expected = bound_ratio("batch", rewards, None, advantages, mask, pre_norm=raw[mask > 0])
+        assert record.metrics["advantages/bound_ratio"] == pytest.approx(expected, rel=1e-9)
     else:  # every estimator verl passes the uids to: its groups are recorded (issue 19, item 5)
         for key, value in group_stats(rewards, keys, (0.0, 1.0)).items():
             assert record.metrics[key] == pytest.approx(value, nan_ok=True), key
         assert record.metrics["groups/zero_std_count"] >= 1
         assert_stats_close(record.metrics, value_stats(derived_pre_norm(rewards, keys)), "advantages/pre_norm/")
-        # The group bound applies to group-normalized advantages only, not to batch-whitened ones.
-        whitened = name in advmon_verl._BATCH_WHITENED_ESTIMATORS
-        assert record.metrics["groups/bound_size"] == (0 if whitened else record.metrics["groups/max_size"])
+        expected = bound_ratio(kind, rewards, keys, advantages, mask, reward_range=(0.0, 1.0))
+        assert record.metrics["advantages/bound_ratio"] == pytest.approx(expected, rel=1e-9), kind
+        assert record.metrics["groups/bound_size"] == (record.metrics["groups/max_size"] if kind == "group_std" else 0)
+    assert record.metrics["advantages/bound_ratio"] <= 1.0 + 1e-6  # a healthy call is within its own bound
+
+
+def raw_gae_advantages(data: DataProto) -> np.ndarray:
+    """verl's GAE advantages before its final masked_whiten (verl's own loop, whitening left out)."""
+    import verl.utils.torch_functional as verl_functional
+
+    whiten = verl_functional.masked_whiten
+    verl_functional.masked_whiten = lambda values, mask, *args, **kwargs: values
+    try:
+        raw, _ = core_algos.compute_gae_advantage_return(
+            data.batch["token_level_rewards"], data.batch["values"], data.batch["response_mask"], 1.0, 1.0)
+    finally:
+        verl_functional.masked_whiten = whiten
+    return raw.numpy().astype(np.float64)
 
 
 def instrumented_monitor(records):

@@ -81,7 +81,7 @@ def test_demo_shows_the_unstable_run_and_not_the_stable_one(tmp_path):
     stable, unstable = text.split("run tp2")
     assert "instability signs: none" in stable and "alerts: none" in stable
     signs = unstable[unstable.index("instability signs"):unstable.index("alerts (")]
-    for alert in ("AdvmonNonFiniteRewards", "AdvmonAdvantageBeyondGroupBound", "AdvmonZeroStdGroupsHigh"):
+    for alert in ("AdvmonNonFiniteRewards", "AdvmonAdvantageBeyondBound", "AdvmonZeroStdGroupsHigh"):
         assert alert in signs  # one verdict: the summary's signs are the catalog's alerts
     alerts = unstable[unstable.index("alerts ("):]
     assert {line.split()[3].rstrip(":") for line in signs.splitlines()[1:] if line.strip()} <= set(alerts.split())

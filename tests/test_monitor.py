@@ -80,7 +80,7 @@ def test_record_has_exactly_the_documented_keys(monitor, sink):
         {f"rewards/{k}" for k in REWARD_KEYS}
         | {f"advantages/{stage}/{k}" for stage in ("pre_norm", "post_norm") for k in VALUE_KEYS}
         | {f"groups/{k}" for k in GROUP_KEYS}
-        | {"advmon/internal_errors", "advmon/sink_errors/list", "advmon/dropped_records/list"}
+        | {"advantages/bound_ratio", "advmon/internal_errors", "advmon/sink_errors/list", "advmon/dropped_records/list"}
     )
     assert set(record.metrics) == expected
     assert (record.run, record.step, record.pre_norm_source) == ("test-run", 0, "derived")

@@ -240,7 +240,7 @@ def test_advmon_instrument_entries_take_slices_and_reward_functions():
     (target,) = parse_targets("my_rl.estimators:GDPO(slices=repeated_batch.task_name,reward_functions=repeated_batch:reward/)")
     assert target.names.slices == "repeated_batch.task_name" and target.names.reward_functions == "repeated_batch:reward/"
     assert parse_targets(target.spec) == [target]
-    with pytest.raises(advmon.AdvmonConfigError, match="slices=, reward_functions= or group_normalized="):
+    with pytest.raises(advmon.AdvmonConfigError, match="slices=, reward_functions= or normalization="):
         parse_targets("my_rl.estimators:GDPO(labels=x)")
 
 

@@ -84,10 +84,12 @@ def test_the_layers_point_down():
     graph = import_graph()
     maths = ("advmon.stats", "advmon.groups", "advmon.prefix_sketch", "advmon.sketch_format", "advmon.devices",
              "advmon.device_sketch", "advmon.triton_sketch", "advmon.triton_groups",
-             "advmon.exemplars", "advmon.row_summaries", "advmon.slices", "advmon.histograms")
+             "advmon.exemplars", "advmon.group_bounds", "advmon.row_summaries", "advmon.slices", "advmon.histograms")
     for module in maths:
         assert not {m for m in graph[module] if m not in maths}, module
-    drilldown = ("advmon.exemplars", "advmon.row_summaries", "advmon.slices")
+    # The normalization kinds import the engine's group bounds: the catalog reads only the record's ratio.
+    drilldown = ("advmon.exemplars", "advmon.group_bounds", "advmon.normalization", "advmon.row_summaries",
+                 "advmon.slices")
     for module in ("advmon.rules", *(m for m in graph if m.startswith("advmon.alerts"))):
         assert not {m for m in graph[module] if m.startswith(("advmon.monitor", "advmon.stats", "advmon.groups",
                                                                *drilldown))}, module

@@ -161,6 +161,7 @@ def _gauges() -> list[tuple[str, str, dict[str, str]]]:
         ("groups/count", "advmon_groups", {}),
         ("groups/max_size", "advmon_group_max_size", {}),
         ("groups/bound_size", "advmon_group_bound_size", {}),
+        ("advantages/bound_ratio", "advmon_advantage_bound_ratio", {}),
     ]
     return gauges
 
@@ -314,6 +315,7 @@ def _healthy(step: int) -> dict[str, float]:
         "groups/count": 64.0,
         "groups/max_size": 8.0,
         "groups/bound_size": 8.0,
+        "advantages/bound_ratio": (2.2 + wiggle) / group_bound(8, 1.0),
         "advmon/internal_errors": 0.0,
         "advmon/sink_errors/mlflow": 0.0,
         "advmon/dropped_records/mlflow": 0.0,
@@ -344,11 +346,10 @@ def _faults(t: Thresholds) -> dict[str, Callable[[dict[str, float], int], None]]
 
         return apply
 
-    bound = group_bound(8, t["group_bound_factor"])
     return {
         "AdvmonNonFiniteRewards": set_("rewards/nan_count", lambda m, n: 3.0),
         "AdvmonNonFiniteAdvantages": set_("advantages/post_norm/nan_count", lambda m, n: 24.0),
-        "AdvmonAdvantageBeyondGroupBound": set_("advantages/post_norm/max", lambda m, n: 2 * bound + 100),
+        "AdvmonAdvantageBeyondBound": set_("advantages/bound_ratio", lambda m, n: 2 * t["bound_factor"] + 100),
         "AdvmonZeroStdGroupsHigh": set_("groups/zero_std_fraction", lambda m, n: min(1.0, (1 + t["zero_std_ratio"]) / 2)),
         "AdvmonAdvantageScaleCollapse": set_(
             "advantages/pre_norm/std", lambda m, n: m["advantages/pre_norm/std"] * t["scale_collapse_ratio"] / 4
@@ -432,9 +433,9 @@ def promtool_tests(settings: AlertSettings, rules_path: str = f"../{RULES_FILE}"
                 ],
             }
         )
-    whitened = _batch_whitened_test(settings)
-    if whitened is not None:
-        tests.append(whitened)
+    kinds = _normalization_kinds_test(settings)
+    if kinds is not None:
+        tests.append(kinds)
     return {
         "rule_files": [rules_path],
         "evaluation_interval": format_duration(interval),
@@ -442,40 +443,51 @@ def promtool_tests(settings: AlertSettings, rules_path: str = f"../{RULES_FILE}"
     }
 
 
-def _batch_whitened_test(settings: AlertSettings) -> dict[str, Any] | None:
-    """Groups of 2 and |A| between their group bound and ``ungrouped_abs_max``: fires only where the
-    advantages were normalized within the groups (``groups/bound_size``), not where the estimator
-    whitened them over the batch (REINFORCE++), whose Gaussian tails reach such values.
+#: A healthy step of each normalization kind at reward scale 20: (kind, its largest |A|, |A| over its bound).
+#: |A| alone says nothing across kinds (17.5 is healthy for Dr. GRPO, impossible for GRPO); the ratio does.
+_KIND_STEPS = (
+    ("group_std", 2.47, 0.82),  # GRPO, one pass in eight, sample std: (G-1)/sqrt(G) of G/sqrt(G-1)
+    ("group_loo_std", 20.0, 1.0),  # NeMo-RL's lone pass, left undivided: the group's spread
+    ("group_mean", 17.5, 0.875),  # Dr. GRPO: 20 - 20/8
+    ("gpg", 58.3, 0.875),  # GPG's batch factor 3.33 (30% of rewards non-zero) x 17.5
+    ("batch", 6.1, 1.0),  # whitened tokens: the Gaussian tail of 1e8 values
+    ("none", 20.0, 1.0),  # ReMax: a pass against a failed greedy baseline
+)
 
-    ``None`` when the thresholds leave no such gap, or the rule is not generated.
-    """
+
+def _normalization_kinds_test(settings: AlertSettings) -> dict[str, Any] | None:
+    """Each normalization kind is judged by its own bound: a healthy step of each stays quiet whatever its |A|,
+    and the same step with advantages 100x too large fires (``None`` when the rule is not generated)."""
     from advmon.alerts.evaluator import firing_by_step
 
-    rule = next((r for r in settings.rules() if r.name == "AdvmonAdvantageBeyondGroupBound"), None)
-    t, interval, extra = settings.thresholds, settings.interval_seconds, settings.selector_labels
-    low, high = group_bound(2, t["group_bound_factor"]), t["ungrouped_abs_max"]
-    if rule is None or rule.evaluate is None or not low < high:
+    rule = next((r for r in settings.rules() if r.name == "AdvmonAdvantageBeyondBound"), None)
+    if rule is None or rule.evaluate is None:
         return None
+    t, interval, extra = settings.thresholds, settings.interval_seconds, settings.selector_labels
     runs = {}
-    for run, bound_size in (("whitened-run", 0.0), ("normalized-run", 2.0)):
-        runs[run] = [
-            _Sample(run, step, {**_healthy(step), "groups/max_size": 2.0, "groups/bound_size": bound_size,
-                                "advantages/post_norm/max": (low + high) / 2}, time=(step + 1) * interval)
-            for step in range(4)
-        ]
-    last = {run: firing_by_step(samples, t, [rule])[-1] for run, samples in runs.items()}
-    if last["whitened-run"] or not last["normalized-run"]:  # pragma: no cover - the evaluator decides as documented
-        raise AssertionError(f"the group bound should fire on normalized groups only: {last}")
-    expected = _expected_alerts(settings, rule, "normalized-run", runs["normalized-run"], last["normalized-run"])
+    for kind, peak, ratio in _KIND_STEPS:
+        for scale, suffix in ((1.0, "healthy"), (100.0, "x100")):
+            runs[f"{kind.replace('_', '-')}-{suffix}"] = [
+                _Sample(f"{kind.replace('_', '-')}-{suffix}", step,
+                        {**_healthy(step), "advantages/post_norm/max": peak * scale,
+                         "advantages/post_norm/min": -peak * scale / 7, "advantages/bound_ratio": ratio * scale},
+                        time=(step + 1) * interval)
+                for step in range(3)
+            ]
+    expected = []
+    for run, samples in runs.items():
+        last = firing_by_step(samples, t, [rule])[-1]
+        if bool(last) != run.endswith("x100"):  # pragma: no cover - the evaluator decides as documented
+            raise AssertionError(f"{run}: the bound should fire on the x100 runs only: {last}")
+        expected += _expected_alerts(settings, rule, run, samples, last)
     series = {name: values for run, samples in runs.items()
               for name, values in series_from_records(samples, run, extra).items()}
     return {
-        "name": f"{rule.name} judges |A| against the group bound only where advantages were normalized within groups",
+        "name": f"{rule.name} judges every normalization kind by its own bound, not by |A|",
         "interval": format_duration(interval),
         "input_series": [{"series": text, "values": promtool_values(v)} for text, v in series.items()],
-        # One alert expected in all: the whitened run's |A| must not fire.
-        "alert_rule_test": [{"eval_time": format_duration(len(runs["normalized-run"]) * interval),
-                             "alertname": rule.name, "exp_alerts": expected}],
+        "alert_rule_test": [{"eval_time": format_duration(3 * interval), "alertname": rule.name,
+                             "exp_alerts": sorted(expected, key=lambda a: a["exp_labels"]["run"])}],
     }
 
 

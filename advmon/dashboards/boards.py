@@ -8,7 +8,7 @@ the alert fires: one source, never two copies of a number.
 from __future__ import annotations
 
 from advmon.dashboards.build import Board, BoardContext, PanelSpec, Query, Row, ThresholdStep, Variable
-from advmon.rules import POST_MEAN_MEDIAN, PRE_STD_MEDIAN, REWARD_MEAN_MEDIAN, PromContext, Thresholds, bound_promql
+from advmon.rules import POST_MEAN_MEDIAN, PRE_STD_MEDIAN, REWARD_MEAN_MEDIAN, PromContext, Thresholds, format_number
 
 __all__ = ["compare_board", "health_board"]
 
@@ -40,8 +40,10 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
     """The on-call board: per selected run, is the estimator healthy, what fires, why."""
     m = _Metrics(context, 'job=~"$job"', 'run=~"$run"')
     t = thresholds
-    bound = bound_promql(t, m.ctx)
     abs_max = f'max without (stage) ({m("advmon_advantage_abs_max", stage="post_norm")})'
+    bound_ratio = m("advmon_advantage_bound_ratio")
+    # The |A| at which the bound alert fires: bound_factor x |A| / (|A| over its normalization's bound).
+    bound = f"({format_number(t['bound_factor'])} * {abs_max} / on ({RUN_LABELS}) {bound_ratio})"
     alerts = m("ALERTS", alertstate="firing", alertname="Advmon.*").replace('alertname="', 'alertname=~"')
     red_from = lambda value: (ThresholdStep("green"), ThresholdStep("red", value))  # noqa: E731
     now = Row(
@@ -72,11 +74,13 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
             ),
             PanelSpec(
                 "Post-norm |A| max vs bound",
-                "Largest |advantage| of the last step as a share of what group normalization allows "
-                f"({t['group_bound_factor']:g} x G/sqrt(G-1) for the largest group; {t['ungrouped_abs_max']:g} "
-                "without groups). 100% and above: AdvmonAdvantageBeyondGroupBound.",
-                "percentunit", [Query(f"max({abs_max} / {bound})", "|A| / bound")], kind="stat", width=4, height=5,
-                thresholds=red_from(1.0), links=[_runbook(runbook_base, "AdvmonAdvantageBeyondGroupBound")],
+                "Largest |advantage| of the last step as a share of what the alert allows: "
+                f"{t['bound_factor']:g} x the bound of the estimator's normalization (G/sqrt(G-1) for a group std, "
+                "the group's reward spread for a group mean, the Gaussian tail for batch whitening). "
+                "100% and above: AdvmonAdvantageBeyondBound.",
+                "percentunit", [Query(f"max({bound_ratio}) / {format_number(t['bound_factor'])}", "|A| / bound")],
+                kind="stat", width=4, height=5, thresholds=red_from(1.0),
+                links=[_runbook(runbook_base, "AdvmonAdvantageBeyondBound")],
             ),
             PanelSpec(
                 "Seconds since the last record",
@@ -110,7 +114,7 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
                 "Post-norm mean ± std",
                 "What the estimator returned, per step: mean and one std either side, with the run's trailing "
                 "median of the mean. A healthy GRPO token-weighted mean sits a little below 0; moving more than "
-                f"{t['mean_drift']:g} from its median fires AdvmonPostNormMeanDrift.",
+                f"{t['mean_drift']:g} trailing stds from its median fires AdvmonPostNormMeanDrift.",
                 "none", stage_band("post_norm", [Query(m(POST_MEAN_MEDIAN), "{{run}} trailing median")]),
                 fill_below_to=".*std$", links=[_runbook(runbook_base, "AdvmonPostNormMeanDrift")],
             ),
@@ -124,8 +128,9 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
             ),
             PanelSpec(
                 "Post-norm min / max and the bound",
-                "Extremes of the returned advantages against the group-normalization bound (dashed). Beyond it the "
-                "grouping or the std is wrong (float32 cancellation, an epsilon instead of a zero-std guard).",
+                "Extremes of the returned advantages against the |A| at which AdvmonAdvantageBeyondBound fires "
+                "(dashed: bound_factor x the bound of the estimator's normalization). Beyond it the grouping, the std "
+                "or the scale is wrong (float32 cancellation, an epsilon instead of a zero-std guard, a x100 bug).",
                 "none",
                 [
                     Query(m("advmon_advantage_max", stage="post_norm"), "{{run}} max"),
@@ -133,7 +138,7 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
                     Query(bound, "{{run}} bound"),
                     Query(f"-{bound}", "{{run}} -bound"),
                 ],
-                fill_below_to=".*bound$", links=[_runbook(runbook_base, "AdvmonAdvantageBeyondGroupBound")],
+                fill_below_to=".*bound$", links=[_runbook(runbook_base, "AdvmonAdvantageBeyondBound")],
             ),
             PanelSpec(
                 "Post-norm percentiles",

@@ -25,29 +25,48 @@ Example::
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from advmon.hooks import ArgumentNames
 from advmon.hooks import instrument as _instrument
 from advmon.monitor import Monitor
 
-__all__ = ["ESTIMATORS", "STEP_SOURCE", "instrument", "single_controller_step"]
+__all__ = ["ESTIMATORS", "STEP_SOURCE", "grpo_normalization", "instrument", "single_controller_step", "whitened_or_raw"]
 
 MODULE = "nemo_rl.algorithms.advantage_estimator"
+_TASKS = "repeated_batch.task_name"
+
+
+def grpo_normalization(arguments: Mapping[str, Any]) -> str:
+    """NeMo-RL's GRPO, from its flags: with ``normalize_rewards`` it divides by the std of each sample's peers
+    (``use_leave_one_out_baseline``, the default) or of its group; without, it subtracts a baseline only."""
+    estimator = arguments.get("self")
+    if not getattr(estimator, "normalize_rewards", True):
+        return "group_mean"
+    return "group_loo_std" if getattr(estimator, "use_leave_one_out_baseline", True) else "group_std"
+
+
+def whitened_or_raw(arguments: Mapping[str, Any]) -> str:
+    """RawReward and GAE whiten over the batch's valid tokens with ``normalize_advantages``, else stay in reward units."""
+    return "batch" if getattr(arguments.get("self"), "normalize_advantages", False) else "none"
+
+
 #: NeMo-RL's estimator classes and what advmon reads from them. OPD ignores ``rewards``
 #: (its advantages are teacher minus student log-probabilities), so it has none.
 #: Slices come from the batch NeMo-RL passes along (``repeated_batch``), whose ``task_name``
 #: its collate function fills per sample; a batch without one has no slices.
-_TASKS = "repeated_batch.task_name"
 ESTIMATORS: dict[str, ArgumentNames] = {
-    "GRPOAdvantageEstimator": ArgumentNames(slices=_TASKS),
-    # GDPO's reward components are the batch's reward/<name> keys.
-    "GDPOAdvantageEstimator": ArgumentNames(slices=_TASKS, reward_functions="repeated_batch:reward/"),
-    # Reinforce++ normalizes over the whole batch: its groups are recorded, not a bound on |A|.
-    "ReinforcePlusPlusAdvantageEstimator": ArgumentNames(slices=_TASKS, group_normalized=False),
-    "RawRewardAdvantageEstimator": ArgumentNames(slices=_TASKS),
-    "GeneralizedAdvantageEstimator": ArgumentNames(slices=_TASKS),
-    "OPDAdvantageEstimator": ArgumentNames(rewards=None, slices=_TASKS),
+    "GRPOAdvantageEstimator": ArgumentNames(slices=_TASKS, normalization=grpo_normalization),
+    # GDPO's reward components are the batch's reward/<name> keys; their sum is whitened over the batch.
+    "GDPOAdvantageEstimator": ArgumentNames(slices=_TASKS, reward_functions="repeated_batch:reward/",
+                                            normalization="batch"),
+    # Reinforce++ normalizes over the whole batch: its groups are recorded, not held to a group bound.
+    "ReinforcePlusPlusAdvantageEstimator": ArgumentNames(slices=_TASKS, normalization="batch"),
+    "RawRewardAdvantageEstimator": ArgumentNames(slices=_TASKS, normalization=whitened_or_raw),
+    "GeneralizedAdvantageEstimator": ArgumentNames(slices=_TASKS, normalization=whitened_or_raw),
+    # Teacher minus student log-probabilities: no rewards, so nothing bounds them.
+    "OPDAdvantageEstimator": ArgumentNames(rewards=None, slices=_TASKS, normalization="none"),
 }
 #: ``ADVMON_STEP_SOURCE`` for the single controller's actor.
 STEP_SOURCE = "advmon.integrations.nemo_rl:single_controller_step"

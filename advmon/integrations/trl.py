@@ -12,7 +12,8 @@ the advantages. :class:`AdvmonGRPOMixin` therefore records around that method:
 * **advantages** of every process, gathered in process order (TRL's
   ``process_slice`` order), so the record covers the whole generation batch;
 * **groups** of ``num_generations`` consecutive rows (``num_generations_eval`` in
-  evaluation);
+  evaluation), and how TRL normalized within them (``scale_rewards``,
+  ``multi_objective_aggregation``: :mod:`advmon.normalization`'s kinds);
 * at **TRL's logged step**: ``state.global_step + 1`` (TRL logs after the
   optimizer step that follows the generation). With ``steps_per_generation`` or
   ``num_iterations`` above 1, a batch is generated, and recorded, once every
@@ -106,7 +107,7 @@ class AdvmonGRPOMixin:
             return
         rewards = self._advmon_weighted_rewards()
         batch = {"rewards": rewards, "advantages": advantages, "reward_functions": self._advmon_per_function(),
-                 "slices": self._advmon_slices}
+                 "slices": self._advmon_slices, "normalization": self._advmon_normalization()}
         step = int(self.state.global_step)  # type: ignore[attr-defined]
         if self.model.training:  # type: ignore[attr-defined]
             monitor = self._advmon_training_monitor()
@@ -121,6 +122,18 @@ class AdvmonGRPOMixin:
         else:
             with evaluation.step(step):
                 evaluation.observe(group_size=group_size, **batch)
+
+    def _advmon_normalization(self) -> str | None:
+        """How TRL normalized the advantages (advmon.normalization), from ``scale_rewards`` and
+        ``multi_objective_aggregation``: ``"group"`` divides by the group's std, ``"none"`` subtracts the group
+        mean only (Dr. GRPO), ``"batch"`` divides by the batch's std; ``normalize_then_sum`` normalizes each
+        function per group, sums, then whitens the sum over the batch."""
+        if getattr(self, "multi_objective_aggregation", "sum_then_normalize") == "normalize_then_sum":
+            return "batch"
+        scale = getattr(self, "scale_rewards", "group")
+        if isinstance(scale, bool):  # TRL before 0.22: True divided by the group's std
+            return "group_std" if scale else "group_mean"
+        return {"group": "group_std", "none": "group_mean", "batch": "batch"}.get(scale)
 
     def _advmon_local_labels(self, inputs: Any) -> list[Any] | None:
         """This process's rows' ``slice_column`` (``data_source`` by default), if every row has one.

@@ -14,7 +14,9 @@ reward keys (``gdpo_reward_keys``) give ``rewards/<key>/...``: the trainer's
 ``compute_advantage`` is wrapped to pass them on (:func:`advmon.sliced_by`,
 :func:`advmon.scored_by`).
 GAE has no groups (its rewards are token-level, summed per sequence); what it
-whitens at the end (the raw GAE advantages) is tapped as its pre_norm stage. The step
+whitens at the end (the raw GAE advantages) is tapped as its pre_norm stage. Each
+estimator's records say how it normalizes (:data:`NORMALIZATION`: GRPO's follows
+``norm_adv_by_std_in_grpo``), so the bound alert judges each by its own bound. The step
 is verl's own counter (``SkipManager.set_step(global_steps)``, set by both
 trainers in the process that computes advantages) via :func:`current_step`, or
 an explicit ``monitor.step(n)``.
@@ -31,23 +33,45 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from advmon.hooks import ArgumentNames, active_call, is_watched, scored_by, sliced_by, tap, watch_with
 from advmon.monitor import Monitor, get_monitor, set_monitor
 
-__all__ = ["current_step", "install", "instrument", "is_instrumented", "uninstrument"]
+__all__ = ["NORMALIZATION", "current_step", "install", "instrument", "is_instrumented", "uninstrument"]
 
-#: verl's names for the inputs advmon reads.
-GROUPED = ArgumentNames(rewards="token_level_rewards", mask="response_mask", groups="index")
-#: Estimators that get the uids as every registered one does, but whiten their advantages over the
-#: batch (REINFORCE++, with or without its group baseline; GDPO's last step) or subtract a
-#: baseline (ReMax): their groups are recorded, and |A| is not judged against the group bound.
-BATCH_WHITENED = ArgumentNames(rewards="token_level_rewards", mask="response_mask", groups="index",
-                               group_normalized=False)
-UNGROUPED = ArgumentNames(rewards="token_level_rewards", mask="response_mask", groups=None)
+def grpo_normalization(arguments: Mapping[str, Any]) -> str:
+    """verl's GRPO divides by the group's std unless ``norm_adv_by_std_in_grpo`` is false (Dr. GRPO)."""
+    return "group_std" if arguments.get("norm_adv_by_std_in_grpo", True) else "group_mean"
+
+
+def passk_normalization(arguments: Mapping[str, Any]) -> str:
+    """GRPO pass@k reads ``norm_adv_by_std_in_grpo`` from its config."""
+    config = arguments.get("config")
+    divided = config.get("norm_adv_by_std_in_grpo", True) if hasattr(config, "get") else True
+    return "group_std" if divided else "group_mean"
+
+
+#: How each of verl's estimators normalizes (advmon.normalization); one registered later is inferred.
+NORMALIZATION: dict[str, Any] = {
+    "gae": "batch",  # masked_whiten at its end
+    "grpo": grpo_normalization,
+    "grpo_vectorized": grpo_normalization,
+    "grpo_passk": passk_normalization,
+    "gdpo": "batch",  # per-component GRPO, summed, then masked_whiten
+    "reinforce_plus_plus": "batch",
+    "reinforce_plus_plus_baseline": "batch",  # group mean subtracted, then masked_whiten
+    "rloo": "group_mean",
+    "rloo_vectorized": "group_mean",
+    "opo": "group_mean",  # a length-weighted group mean
+    "gpg": "gpg",
+    "remax": "none",  # returns minus the greedy response's reward
+    "optimal_token_baseline": "none",  # returns minus a per-token group baseline, undivided
+    "tir_optimal_token_baseline": "none",
+}
 _UNGROUPED_ESTIMATORS = {"gae"}  # verl calls GAE with values, not uids
-_BATCH_WHITENED_ESTIMATORS = {"reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gdpo"}
+
 
 _lock = threading.Lock()
 _installed: dict[str, Any] | None = None
@@ -61,9 +85,10 @@ def current_step() -> int:
 
 
 def _names_for(name: str) -> ArgumentNames:
-    if name in _UNGROUPED_ESTIMATORS:
-        return UNGROUPED
-    return BATCH_WHITENED if name in _BATCH_WHITENED_ESTIMATORS else GROUPED
+    """verl's names for the inputs advmon reads, and the estimator's normalization."""
+    groups = None if name in _UNGROUPED_ESTIMATORS else "index"
+    return ArgumentNames(rewards="token_level_rewards", mask="response_mask", groups=groups,
+                         normalization=NORMALIZATION.get(name))
 
 
 def instrument(monitor: Monitor | None = None) -> Monitor:

@@ -150,6 +150,16 @@ class AdvmonCollector:
         for stage in STAGES:
             family.add_metric([run, stage], abs_max(metrics, stage))
         yield family
+        family = gauge("advmon_advantage_bound_ratio",
+                       "Largest |advantage| of the last step over what its normalization allows (bound_factor fires)")
+        family.add_metric([run], metrics.get("advantages/bound_ratio", math.nan))
+        yield family
+        if record.normalization is not None:
+            family = gauge("advmon_normalization_info", "How the last step's advantages were normalized: its kind "
+                           "(declared or inferred) and what its data look like", ["kind", "source", "observed"])
+            family.add_metric([run, record.normalization, record.normalization_source or "",
+                               record.normalization_observed or ""], 1.0)
+            yield family
         family = gauge("advmon_advantage_percentile", "Advantage percentiles of the last step", ["stage", "percentile"])
         for stage in STAGES:
             for label, key in PERCENTILES:
@@ -164,7 +174,7 @@ class AdvmonCollector:
             ("advmon_groups", "groups/count", "Prompt groups in the last step"),
             ("advmon_group_max_size", "groups/max_size", "Samples in the largest prompt group of the last step"),
             ("advmon_group_bound_size", "groups/bound_size",
-             "Largest group whose advantages were normalized within it, the G of the group bound (0: none)"),
+             "The G of the group bound G/sqrt(G-1) where the last step was judged by it (0: another bound)"),
             ("advmon_group_all_fail_ratio", "groups/all_low_fraction", "Fraction of groups whose rewards are all <= the low end"),
             ("advmon_group_all_pass_ratio", "groups/all_high_fraction", "Fraction of groups whose rewards are all >= the high end"),
         ):

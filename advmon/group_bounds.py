@@ -1,0 +1,283 @@
+"""What each group's advantages may reach under each normalization, and what a call shows of its own.
+
+Estimators promise different things about |A| (docs/alerts.md, "Normalization kinds"):
+
+* ``group_std`` (GRPO: divide by the group's reward std): a group of ``G`` samples
+  reaches at most ``G / sqrt(G - 1)``, whatever the reward scale;
+* ``group_mean`` (Dr. GRPO, RLOO, OPO: a baseline inside the group's rewards, no std):
+  at most the group's own reward spread ``max - min``; GPG multiplies it by its batch
+  factor ``B / (rewards != 0)``;
+* ``batch`` and ``none`` have no per-group bound: the step's scale decides
+  (:mod:`advmon.normalization`).
+
+:func:`group_peaks` reduces a call's per-sample peaks |A| to its groups;
+:func:`call_bounds` sums up, in a few numbers merged across calls by
+:data:`EVIDENCE_MERGE`, how the groups' peaks compare with both group bounds (what
+:mod:`advmon.normalization` infers a kind from and judges a step by); and
+:func:`group_ratios` gives each group's peak over its bound under a kind, for the
+exemplars. Pure functions, NumPy on the CPU and torch elsewhere (nothing read back).
+
+Example:
+    >>> import numpy as np
+    >>> size = np.array([8.0, 8.0])
+    >>> ratios = group_ratios(np, "group_mean", np.array([17.5, 0.0]), size, size, np.array([0.0, 20.0]),
+    ...                       np.array([20.0, 20.0]))
+    >>> ratios.round(4).tolist()  # Dr. GRPO on rewards 0 or 20: one pass in eight gives |A| = 17.5 of a spread of 20
+    [0.875, 0.0]
+"""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from advmon.devices import host_float64, sync_free
+
+__all__ = [
+    "EVIDENCE_FIELDS",
+    "EVIDENCE_MERGE",
+    "SLACK",
+    "GroupPeaks",
+    "call_bounds",
+    "empty_evidence",
+    "group_peaks",
+    "group_ratios",
+    "merge_evidence",
+]
+
+#: A call's evidence, in this order (each merged across calls as :data:`EVIDENCE_MERGE` says).
+EVIDENCE_FIELDS = (
+    "std_ratio",  #: largest group peak over its group_std bound G/sqrt(G-1)
+    "spread_ratio",  #: largest group peak over its group_mean bound (spread + slack), groups of >= 2 finite rewards
+    "loo_ratio",  #: largest group peak over its group_loo_std bound (only when that kind is declared)
+    "spread_ratio_low",  #: smallest group peak over its spread, groups whose rewards differ
+    "equal_ratio",  #: largest group peak over its slack, groups whose rewards are all equal (0: all exactly 0)
+    "judged_groups",  #: groups whose rewards differ and whose peak is known
+    "nonzero_rewards",  #: rewards that are not 0 (as torch.count_nonzero counts: NaN too), GPG's m
+    "samples",  #: rewards, GPG's batch size
+)
+EVIDENCE_MERGE = ("max", "max", "max", "min", "max", "sum", "sum", "sum")
+_EMPTY = (-math.inf, -math.inf, -math.inf, math.inf, -math.inf, 0.0, 0.0, 0.0)
+_FIELD = {name: i for i, name in enumerate(EVIDENCE_FIELDS)}
+_JUDGED = len(EVIDENCE_FIELDS) - 2  # the fields a group's peaks give (the reward counts follow)
+#: A group of equal rewards may carry float32 rounding of its rewards' size (an RLOO of 0.3s gives
+#: ~1e-8): |A| up to this fraction of its largest |reward| is still "0".
+SLACK = 1e-6
+
+
+class GroupPeaks(NamedTuple):
+    """Per group slot: the largest finite |post-norm advantage| of its samples (``nan`` without one), and its
+    samples with a non-finite valid advantage."""
+
+    peak: Any
+    bad: Any
+
+
+def empty_evidence() -> np.ndarray:
+    """Evidence of no call: every field at its merge's identity.
+
+    Example:
+        >>> merge_evidence(empty_evidence(), np.array([2.0, 1.0, 2.0, 0.5, 0.0, 3.0, 10.0, 16.0])).tolist()
+        [2.0, 1.0, 2.0, 0.5, 0.0, 3.0, 10.0, 16.0]
+    """
+    return np.array(_EMPTY)
+
+
+def merge_evidence(totals: np.ndarray, evidence: np.ndarray) -> np.ndarray:
+    """Two calls' evidence as one call on both batches would give it."""
+    merge = {"max": max, "min": min, "sum": float.__add__}
+    return np.array([merge[how](float(a), float(b)) for how, a, b in zip(EVIDENCE_MERGE, totals, evidence)])
+
+
+def group_ratios(xp: ModuleType, kind: str | None, peak: Any, size: Any, finite: Any, low: Any, high: Any,
+                 scale: Any = 1.0, base: float = math.nan, odd: Any = None) -> Any:
+    """Each group's peak |A| over what ``kind`` allows it (``xp`` is ``numpy`` or ``torch``).
+
+    ``group_std``: ``G / sqrt(G - 1)`` (``nan`` for groups of one); ``group_mean`` and
+    ``gpg``: ``scale`` x (the spread of the group's ``finite`` rewards, plus :data:`SLACK`
+    of its largest |reward|) (``nan`` with fewer than two: a singleton's "baseline" is the
+    estimator's own choice, verl's GRPO gives it its raw reward; GPG's ``scale`` is its
+    batch factor);
+    ``group_loo_std``: the group_std bound, or the looser of both where one sample's
+    peers are all equal (``odd``, it is left undivided); ``batch`` and ``none``: the
+    step's ``base``; any other kind (not declared): the looser of the two group bounds.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 spreads and empty slots: inf and nan, as meant
+        if kind in ("batch", "none"):
+            return peak / base
+        if kind == "group_std":
+            return _std_ratios(xp, peak, size)
+        if kind in ("group_mean", "gpg"):
+            return _spread_ratios(xp, peak, finite, low, high, scale)
+        loosest = xp.fmin(_std_ratios(xp, peak, size), _spread_ratios(xp, peak, finite, low, high, scale))
+        if kind == "group_loo_std" and odd is not None:
+            return xp.where(odd, loosest, _std_ratios(xp, peak, size))
+        return loosest
+
+
+def _std_ratios(xp: ModuleType, peak: Any, size: Any) -> Any:
+    pairs = xp.where(size >= 2, size, math.nan)  # nan: a group of one normalizes to nothing
+    return peak * xp.sqrt(pairs - 1) / pairs
+
+
+def _spread_ratios(xp: ModuleType, peak: Any, finite: Any, low: Any, high: Any, scale: Any) -> Any:
+    comparable = finite >= 2
+    spread = xp.where(comparable, high - low, math.nan)
+    slack = SLACK * xp.maximum(xp.abs(xp.where(comparable, low, 0.0)), xp.abs(xp.where(comparable, high, 0.0)))
+    # 0 / 0 (a group of zeros whose advantages are all 0) is within its bound.
+    return xp.where(peak == 0, xp.where(comparable, 0.0, math.nan), peak / (scale * (spread + slack)))
+
+
+# --------------------------------------------------------------------------- per group
+
+
+def group_peaks(segments: Any, abs_max: Any, nonfinite: Any) -> GroupPeaks | None:
+    """Each group's peak |A| and non-finite advantage samples, from per-sample summaries
+    (:func:`advmon.row_summaries.row_summaries`' ``peak()`` and ``nonfinite``).
+
+    ``segments`` are :func:`advmon.exemplars.reward_segments`' (NumPy on the CPU:
+    one slot per group; torch elsewhere: ``B`` slots, the unused ones empty).
+    ``None`` without per-sample summaries.
+    """
+    if abs_max is None or nonfinite is None:
+        return None
+    groups = getattr(segments, "groups", None)
+    if groups is not None:
+        return _host_group_peaks(groups, abs_max, nonfinite)
+    order, bounds = segments.order, segments.bounds
+    # unsafe=True skips segment_reduce's argument checks, which read values back to the host.
+    peak = torch.segment_reduce(abs_max.to(torch.float64)[order], "max", offsets=bounds, unsafe=True,
+                                initial=-math.inf)
+    bad = torch.segment_reduce(nonfinite.to(torch.float64)[order], "sum", offsets=bounds, unsafe=True, initial=0.0)
+    return GroupPeaks(peak.masked_fill(peak == -math.inf, math.nan), bad)  # nan: no finite advantage in the group
+
+
+def _host_group_peaks(groups: Any, abs_max: Any, nonfinite: Any) -> GroupPeaks:
+    # A call's fixed cost here is its number of NumPy calls: few, and the common case's only.
+    slots = groups.size.shape[0]
+    if not slots:
+        return GroupPeaks(np.zeros(0), np.zeros(0))
+    starts = groups.bounds[:slots]
+    per_sample = host_float64(abs_max)
+    peak = np.maximum.reduceat(per_sample if groups.in_order else per_sample[groups.order], starts)
+    if peak.min() == -np.inf:
+        peak[peak == -np.inf] = np.nan  # no finite advantage in the group
+    broken = host_float64(nonfinite)
+    bad = np.zeros(slots)
+    if broken.any():
+        bad = np.add.reduceat(broken if groups.in_order else broken[groups.order], starts)
+    return GroupPeaks(peak, bad)
+
+
+def call_bounds(segments: Any, peaks: GroupPeaks | None, rewards: torch.Tensor,
+                kind: str | None = None) -> tuple[Any, Any]:
+    """A call's :data:`EVIDENCE_FIELDS`, and each group's peak over its bound under the call's declared ``kind``.
+
+    The evidence is a NumPy array on the CPU, a float64 tensor on the rewards' device;
+    ``rewards`` are the call's float64 per-sample rewards. Without ``peaks`` (no
+    advantages per sample) only the reward counts are known. The groups' ratios
+    (:func:`group_ratios`; the looser group bound when ``kind`` is not declared) are
+    ``None`` without peaks, and for ``batch`` and ``none``, whose bound is the step's.
+    """
+    groups = getattr(segments, "groups", None)
+    host = groups is not None
+    xp = np if host else torch
+    if host:
+        size, low, high, finite = groups.size, groups.low, groups.high, groups.finite
+        evidence = np.array(_EMPTY)
+        r = host_float64(rewards)
+        evidence[_FIELD["nonzero_rewards"]] = np.count_nonzero(r)
+        evidence[_FIELD["samples"]] = r.shape[0]
+        scale = evidence[_FIELD["samples"]] / max(1.0, evidence[_FIELD["nonzero_rewards"]])
+    else:
+        size, low, high, finite = segments.size, segments.min, segments.max, segments.finite
+        nonzero = torch.count_nonzero(rewards).to(torch.float64)
+        scale = rewards.shape[0] / nonzero.clamp(min=1.0)
+    ratios = odd = None
+    if peaks is not None and kind not in ("batch", "none"):
+        if kind == "group_loo_std":
+            ordered = (r if groups.in_order else r[groups.order]) if host else rewards.to(torch.float64)[segments.order]
+            odd = odd_groups(xp, ordered, groups if host else segments, low, high, finite)
+        ratios = group_ratios(xp, kind, peaks.peak, size, finite, low, high, scale=scale if kind == "gpg" else 1.0,
+                              odd=odd)
+    if host:
+        _host_judged(evidence, peaks, size, low, high, finite, ratios if odd is not None else None)
+        return evidence, ratios
+    counts = torch.stack([nonzero, torch.tensor(float(rewards.shape[0]), dtype=torch.float64, device=rewards.device)])
+    return torch.cat([_device_judged(segments, peaks, ratios if odd is not None else None), counts]), ratios
+
+
+def odd_groups(xp: ModuleType, ordered: Any, segments: Any, low: Any, high: Any, finite: Any) -> Any:
+    """Groups where all finite rewards but one are equal: there NeMo-RL's leave-one-out std of the odd
+    sample's peers is 0, and its advantage stays in reward units.
+
+    ``ordered`` are the rewards in group order; ``segments`` give each ordered sample's group.
+    """
+    if xp is np:
+        slots = low.shape[0]
+        starts = segments.bounds[:slots]
+        each = np.repeat(np.arange(slots), np.diff(segments.bounds[: slots + 1]))
+        at_low = np.add.reduceat((ordered == low[each]).astype(np.float64), starts) if slots else low
+        at_high = np.add.reduceat((ordered == high[each]).astype(np.float64), starts) if slots else high
+    else:
+        each = segments.slot
+
+        def per_slot(hits: torch.Tensor) -> torch.Tensor:
+            return torch.segment_reduce(hits.to(torch.float64), "sum", offsets=segments.bounds, unsafe=True,
+                                        initial=0.0)
+
+        at_low, at_high = per_slot(ordered == low[each]), per_slot(ordered == high[each])
+    return (finite >= 2) & (high > low) & ((at_low == finite - 1) | (at_high == finite - 1))
+
+
+def _device_judged(segments: Any, peaks: GroupPeaks | None, loo_ratios: torch.Tensor | None) -> torch.Tensor:
+    device = segments.size.device
+    if peaks is None or segments.size.shape[0] == 0:
+        return torch.tensor(_EMPTY[:_JUDGED], dtype=torch.float64, device=device)
+    peak, size, low, high, finite = peaks.peak, segments.size, segments.min, segments.max, segments.finite
+    known = peak >= 0  # nan: no finite advantage
+    sized = known & (size >= 2)
+    comparable = known & (finite >= 2)
+    spread_ratio = _spread_ratios(torch, peak, finite, low, high, 1.0)
+    differ = comparable & (high > low)
+    loo = torch.full((), -math.inf, dtype=torch.float64, device=device)
+    if loo_ratios is not None:
+        loo = torch.where(sized, loo_ratios, -math.inf).amax()
+    return torch.stack([
+        torch.where(sized, _std_ratios(torch, peak, size), -math.inf).amax(),
+        torch.where(comparable, spread_ratio, -math.inf).amax(),
+        loo,
+        torch.where(differ, peak / (high - low), math.inf).amin(),
+        torch.where(comparable & ~differ, spread_ratio, -math.inf).amax(),  # spread 0: peak over the slack alone
+        differ.sum().to(torch.float64),
+    ])
+
+
+def _host_judged(evidence: np.ndarray, peaks: GroupPeaks | None, size: np.ndarray, low: np.ndarray,
+                 high: np.ndarray, finite: np.ndarray, loo_ratios: np.ndarray | None) -> None:
+    if peaks is None or not size.shape[0]:
+        return
+    peak = peaks.peak
+    with np.errstate(divide="ignore", invalid="ignore"):
+        known = peak >= 0  # nan: no finite advantage
+        sized = known & (size >= 2)
+        if sized.any():
+            evidence[_FIELD["std_ratio"]] = _std_ratios(np, peak[sized], size[sized]).max()
+            if loo_ratios is not None:
+                evidence[_FIELD["loo_ratio"]] = loo_ratios[sized].max()
+        comparable = known & (finite >= 2)
+        if not comparable.any():
+            return
+        peak, finite, low, high = peak[comparable], finite[comparable], low[comparable], high[comparable]
+        ratios = _spread_ratios(np, peak, finite, low, high, 1.0)
+        evidence[_FIELD["spread_ratio"]] = ratios.max()
+        differ = high > low
+        if differ.any():
+            evidence[_FIELD["spread_ratio_low"]] = (peak[differ] / (high[differ] - low[differ])).min()
+            evidence[_FIELD["judged_groups"]] = np.count_nonzero(differ)
+        if not differ.all():
+            evidence[_FIELD["equal_ratio"]] = ratios[~differ].max()
