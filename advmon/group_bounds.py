@@ -94,7 +94,7 @@ def merge_evidence(totals: np.ndarray, evidence: np.ndarray) -> np.ndarray:
 
 
 def group_ratios(xp: ModuleType, kind: str | None, peak: Any, size: Any, finite: Any, low: Any, high: Any,
-                 scale: Any = 1.0, base: float = math.nan, odd: Any = None) -> Any:
+                 scale: Any = 1.0, base: float = math.nan, loo: Any = None) -> Any:
     """Each group's peak |A| over what ``kind`` allows it (``xp`` is ``numpy`` or ``torch``).
 
     ``group_std``: ``G / sqrt(G - 1)`` (``nan`` for groups of one); ``group_mean`` and
@@ -102,9 +102,9 @@ def group_ratios(xp: ModuleType, kind: str | None, peak: Any, size: Any, finite:
     of its largest |reward|) (``nan`` with fewer than two: a singleton's "baseline" is the
     estimator's own choice, verl's GRPO gives it its raw reward; GPG's ``scale`` is its
     batch factor);
-    ``group_loo_std``: the group_std bound, or the looser of both where one sample's
-    peers are all equal (``odd``, it is left undivided); ``batch`` and ``none``: the
-    step's ``base``; any other kind (not declared): the looser of the two group bounds.
+    ``group_loo_std``: ``loo``, the largest |A| NeMo-RL's leave-one-out std gives the
+    group's rewards (:func:`loo_bounds`); ``batch`` and ``none``: the step's ``base``;
+    any other kind (not declared): the looser of the two group bounds.
     """
     with np.errstate(divide="ignore", invalid="ignore"):  # 0 spreads and empty slots: inf and nan, as meant
         if kind in ("batch", "none"):
@@ -113,10 +113,9 @@ def group_ratios(xp: ModuleType, kind: str | None, peak: Any, size: Any, finite:
             return _std_ratios(xp, peak, size)
         if kind in ("group_mean", "gpg"):
             return _spread_ratios(xp, peak, finite, low, high, scale)
-        loosest = xp.fmin(_std_ratios(xp, peak, size), _spread_ratios(xp, peak, finite, low, high, scale))
-        if kind == "group_loo_std" and odd is not None:
-            return xp.where(odd, loosest, _std_ratios(xp, peak, size))
-        return loosest
+        if kind == "group_loo_std" and loo is not None:
+            return xp.where(peak == 0, xp.where(loo >= 0, 0.0, math.nan), peak / loo)
+        return xp.fmin(_std_ratios(xp, peak, size), _spread_ratios(xp, peak, finite, low, high, scale))
 
 
 def _std_ratios(xp: ModuleType, peak: Any, size: Any) -> Any:
@@ -197,41 +196,63 @@ def call_bounds(segments: Any, peaks: GroupPeaks | None, rewards: torch.Tensor,
         size, low, high, finite = segments.size, segments.min, segments.max, segments.finite
         nonzero = torch.count_nonzero(rewards).to(torch.float64)
         scale = rewards.shape[0] / nonzero.clamp(min=1.0)
-    ratios = odd = None
+    ratios = loo = None
     if peaks is not None and kind not in ("batch", "none"):
         if kind == "group_loo_std":
             ordered = (r if groups.in_order else r[groups.order]) if host else rewards.to(torch.float64)[segments.order]
-            odd = odd_groups(xp, ordered, groups if host else segments, low, high, finite)
+            loo = loo_bounds(xp, ordered, groups if host else segments, size, finite)
         ratios = group_ratios(xp, kind, peaks.peak, size, finite, low, high, scale=scale if kind == "gpg" else 1.0,
-                              odd=odd)
+                              loo=loo)
     if host:
-        _host_judged(evidence, peaks, size, low, high, finite, ratios if odd is not None else None)
+        _host_judged(evidence, peaks, size, low, high, finite, ratios if loo is not None else None)
         return evidence, ratios
     counts = torch.stack([nonzero, torch.tensor(float(rewards.shape[0]), dtype=torch.float64, device=rewards.device)])
-    return torch.cat([_device_judged(segments, peaks, ratios if odd is not None else None), counts]), ratios
+    return torch.cat([_device_judged(segments, peaks, ratios if loo is not None else None), counts]), ratios
 
 
-def odd_groups(xp: ModuleType, ordered: Any, segments: Any, low: Any, high: Any, finite: Any) -> Any:
-    """Groups where all finite rewards but one are equal: there NeMo-RL's leave-one-out std of the odd
-    sample's peers is 0, and its advantage stays in reward units.
+def loo_bounds(xp: ModuleType, ordered: Any, segments: Any, size: Any, finite: Any) -> Any:
+    """Per group, the largest |A| NeMo-RL's GRPO gives its rewards: each sample's reward minus its peers' mean,
+    divided by its peers' std (Bessel) where that is > 0, left undivided where its peers are all equal.
 
-    ``ordered`` are the rewards in group order; ``segments`` give each ordered sample's group.
+    That is the estimator's own promise, exactly: a leave-one-out std is unbounded in
+    general (peers that nearly agree give a large |A|, and healthily so), but it is what
+    the rewards make it. Computed in float64 from centred sums, so peers that are equal
+    give a std of 0 here, where float32's ``E[x^2] - E[x]^2`` may not (the cancellation
+    this bound catches). A group of equal rewards is allowed ``G / sqrt(G - 1)``, as a
+    normalized group. ``nan`` for groups with a non-finite reward or of one sample.
+    ``ordered`` are the rewards in group order, ``segments`` give each ordered sample's group.
     """
+    count = ordered.shape[0]
     if xp is np:
-        slots = low.shape[0]
+        slots = size.shape[0]
         starts = segments.bounds[:slots]
         each = np.repeat(np.arange(slots), np.diff(segments.bounds[: slots + 1]))
-        at_low = np.add.reduceat((ordered == low[each]).astype(np.float64), starts) if slots else low
-        at_high = np.add.reduceat((ordered == high[each]).astype(np.float64), starts) if slots else high
+
+        def per_group(values: Any, how: Any = np.add) -> Any:
+            return how.reduceat(values, starts) if slots else np.zeros(0)
     else:
         each = segments.slot
 
-        def per_slot(hits: torch.Tensor) -> torch.Tensor:
-            return torch.segment_reduce(hits.to(torch.float64), "sum", offsets=segments.bounds, unsafe=True,
-                                        initial=0.0)
-
-        at_low, at_high = per_slot(ordered == low[each]), per_slot(ordered == high[each])
-    return (finite >= 2) & (high > low) & ((at_low == finite - 1) | (at_high == finite - 1))
+        def per_group(values: Any, how: Any = None) -> Any:
+            reduce = "max" if how is np.maximum else "sum"
+            initial = -math.inf if reduce == "max" else 0.0
+            return torch.segment_reduce(values, reduce, offsets=segments.bounds, unsafe=True, initial=initial)
+    n = size[each] if count else size[:0]
+    centred = ordered - (per_group(ordered) / size)[each]
+    spread = per_group(centred * centred)[each]  # (n - 1) x the group's sample variance
+    gap = centred * n / xp.where(n > 1, n - 1, math.nan)  # reward minus the peers' mean
+    with np.errstate(divide="ignore", invalid="ignore"):
+        peers = (spread - centred * gap) / (n - 2)  # the peers' sample variance (n >= 3)
+        peers = xp.where(n >= 3, peers, 0.0)
+        # Equal peers: 0, give or take the rounding of the centred sums.
+        equal = peers <= 1e-12 * xp.where(n > 1, spread / (n - 1), 0.0)
+        value = xp.where(equal, xp.abs(gap), xp.abs(gap) / xp.sqrt(xp.where(equal, 1.0, peers)))
+    bound = per_group(value, np.maximum)
+    # A group of equal rewards is meant to get 0, but float32 leaves a little (NeMo-RL gives 1.5e-4 at reward
+    # 0.01): what a normalized group could reach is harmless there.
+    differ = per_group(xp.abs(centred), np.maximum) > 0
+    bound = xp.where(differ, bound, size / xp.sqrt(xp.where(size >= 2, size - 1, 1.0)))
+    return xp.where((finite == size) & (size >= 2), bound, math.nan)
 
 
 def _device_judged(segments: Any, peaks: GroupPeaks | None, loo_ratios: torch.Tensor | None) -> torch.Tensor:
@@ -245,8 +266,8 @@ def _device_judged(segments: Any, peaks: GroupPeaks | None, loo_ratios: torch.Te
     spread_ratio = _spread_ratios(torch, peak, finite, low, high, 1.0)
     differ = comparable & (high > low)
     loo = torch.full((), -math.inf, dtype=torch.float64, device=device)
-    if loo_ratios is not None:
-        loo = torch.where(sized, loo_ratios, -math.inf).amax()
+    if loo_ratios is not None:  # nan: a group with a non-finite reward has no such bound
+        loo = torch.where(sized & ~loo_ratios.isnan(), loo_ratios, -math.inf).amax()
     return torch.stack([
         torch.where(sized, _std_ratios(torch, peak, size), -math.inf).amax(),
         torch.where(comparable, spread_ratio, -math.inf).amax(),
@@ -267,8 +288,8 @@ def _host_judged(evidence: np.ndarray, peaks: GroupPeaks | None, size: np.ndarra
         sized = known & (size >= 2)
         if sized.any():
             evidence[_FIELD["std_ratio"]] = _std_ratios(np, peak[sized], size[sized]).max()
-            if loo_ratios is not None:
-                evidence[_FIELD["loo_ratio"]] = loo_ratios[sized].max()
+            if loo_ratios is not None:  # nan: a group with a non-finite reward has no such bound
+                evidence[_FIELD["loo_ratio"]] = np.fmax.reduce(loo_ratios[sized], initial=-math.inf)
         comparable = known & (finite >= 2)
         if not comparable.any():
             return

@@ -34,6 +34,7 @@ __all__ = [
     "ArgumentNames",
     "current_reward_functions",
     "current_slice_labels",
+    "grouped_by",
     "instrument",
     "is_watched",
     "scored_by",
@@ -326,7 +327,9 @@ def _bind(
         return arguments[name] if name in arguments else extra.get(name)
 
     owner = arguments.get("self", owner)
-    inputs = {"rewards": lookup(names.rewards), "mask": lookup(names.mask), "groups": lookup(names.groups),
+    groups = lookup(names.groups)
+    inputs = {"rewards": lookup(names.rewards), "mask": lookup(names.mask),
+              "groups": groups if groups is not None else _GROUP_KEYS.get(),
               "slices": _slice_labels(lookup, names.slices),
               "reward_functions": _reward_functions(lookup, names.reward_functions)}
     if callable(names.normalization):  # it reads the call's own arguments (verl's norm_adv_by_std_in_grpo)
@@ -348,6 +351,7 @@ def _slice_labels(lookup: Callable[[str | None], Any], path: str | None) -> Any:
 
 
 _SLICE_LABELS: ContextVar[Any] = ContextVar("advmon_slice_labels", default=None)
+_GROUP_KEYS: ContextVar[Any] = ContextVar("advmon_group_keys", default=None)
 _REWARD_FUNCTIONS: ContextVar[Any] = ContextVar("advmon_reward_functions", default=None)
 
 
@@ -406,6 +410,23 @@ def sliced_by(labels: Any) -> Iterator[None]:
         yield
     finally:
         _SLICE_LABELS.reset(token)
+
+
+@contextmanager
+def grouped_by(keys: Any) -> Iterator[None]:
+    """Group keys (one per sample: verl's uids) for the watched calls inside the block whose estimators do not
+    get their groups (verl's GAE gets values, not uids). ``None`` changes nothing.
+
+    Example:
+        >>> with grouped_by(["uid-0", "uid-0", "uid-1"]):
+        ...     _GROUP_KEYS.get()
+        ['uid-0', 'uid-0', 'uid-1']
+    """
+    token = _GROUP_KEYS.set(keys if keys is not None else _GROUP_KEYS.get())
+    try:
+        yield
+    finally:
+        _GROUP_KEYS.reset(token)
 
 
 def current_slice_labels() -> Any:

@@ -13,9 +13,8 @@ kind               estimators                                                  a
 ``group_mean``     a baseline inside the group's rewards, no std: Dr. GRPO,    the group's reward spread
                    RLOO, OPO
 ``gpg``            GPG: a group mean baseline times ``B / (rewards != 0)``     that factor x the spread
-``batch``          whitened over the batch: REINFORCE++, GAE, GDPO, TRL        ``max(sqrt(2 ln N), z)``: the
-                   ``scale_rewards="batch"``                                   Gaussian tail of N values, or
-                                                                               the pre-norm's own largest z
+``batch``          whitened over the batch: REINFORCE++, GAE, GDPO, TRL        a std of 1, and |A| within
+                   ``scale_rewards="batch"``                                   ``sqrt(N - 1)`` for N values
 ``none``           in reward units: ReMax, raw rewards, unwhitened returns     the step's reward scale
 =================  ==========================================================  ===========================
 
@@ -29,8 +28,8 @@ all kinds' bounds judges the step, so ambiguity never pages anyone.
 Example:
     >>> verdict = judge([None], None, {"post_norm": {"count": 4096.0, "mean": 0.0, "std": 1.0, "min": -3.1,
     ...                                              "max": 4.2, "nan_count": 0.0, "inf_count": 0.0}}, None)
-    >>> verdict.kind, verdict.source, round(verdict.ratio, 3)  # whitened: |A| 4.2 over sqrt(2 ln 4096)
-    ('batch', 'inferred', 1.03)
+    >>> verdict.kind, verdict.source, verdict.ratio  # whitened: a std of 1, |A| 4.2 well within sqrt(4095)
+    ('batch', 'inferred', 1.0)
 """
 
 from __future__ import annotations
@@ -134,14 +133,11 @@ def gpg_scale(evidence: Mapping[str, float]) -> float:
 
 
 def batch_base(summaries: Mapping[str, Mapping[str, float]]) -> float:
-    """What whitening over the batch lets |A| reach: the Gaussian tail ``sqrt(2 ln N)`` of N finite values, or
-    the largest z-score of the pre-norm values (a whitened sparse reward reaches ``sqrt(N / k)``), at least 1."""
-    post, pre = summaries.get("post_norm", {}), summaries.get("pre_norm", {})
+    """The most |A| whitening over the batch allows: ``sqrt(N - 1)`` for N finite values of std 1 (Samuelson's
+    inequality, the batch's G/sqrt(G-1)), at least 1."""
+    post = summaries.get("post_norm", {})
     finite = post.get("count", 0.0) - post.get("nan_count", 0.0) - post.get("inf_count", 0.0)
-    tail = math.sqrt(2 * math.log(finite)) if finite > 1 else 1.0
-    std, mean = pre.get("std", math.nan), pre.get("mean", math.nan)
-    z = max(pre.get("max", math.nan) - mean, mean - pre.get("min", math.nan)) / std if std > 0 else math.nan
-    return max(1.0, tail, z if z == z else 1.0)
+    return max(1.0, math.sqrt(finite - 1)) if finite > 1 else 1.0
 
 
 def reward_scale(summaries: Mapping[str, Mapping[str, float]], reward_range: tuple[float, float] | None) -> float:
@@ -168,7 +164,8 @@ def step_ratios(evidence: np.ndarray | None, summaries: Mapping[str, Mapping[str
         "group_loo_std": _known(found.get("loo_ratio")),
         "group_mean": spread,
         "gpg": spread / gpg_scale(found),
-        "batch": abs_max / batch_base(summaries),
+        # Whitened advantages have a std of 1 and reach sqrt(N - 1) at most, however sparse their rewards.
+        "batch": max(summaries.get("post_norm", {}).get("std", math.nan), abs_max / batch_base(summaries)),
         "none": abs_max / scale,
     }
 

@@ -247,8 +247,8 @@ def group_bound_ratios(kind, rewards, keys, advantages, mask=None) -> list[float
     """Each group's peak |A| over what ``kind`` allows it (docs/alerts.md, Normalization kinds), with loops.
 
     group_std: G / sqrt(G - 1); group_mean: the spread of its finite rewards (two at least) plus 1e-6 of its
-    largest |reward| (0 / 0 counts as 0); gpg: B / max(1, rewards != 0) times that; group_loo_std: the looser of both
-    where all finite rewards but one are equal, else group_std's.
+    largest |reward| (0 / 0 counts as 0); gpg: B / max(1, rewards != 0) times that; group_loo_std: the largest
+    |reward - peers' mean| / peers' std (undivided where the peers are all equal) of its samples.
     """
     r = np.asarray(rewards, dtype=np.float64)
     peaks = _sample_peaks(advantages, mask)
@@ -274,17 +274,33 @@ def group_bound_ratios(kind, rewards, keys, advantages, mask=None) -> list[float
         elif kind in ("group_mean", "gpg"):
             ratios.append(by_spread)
         elif kind == "group_loo_std":
-            values, counts = np.unique(finite, return_counts=True)
-            odd = finite.size >= 2 and values.size == 2 and counts.min() == 1
-            ratios.append(min(by_size, by_spread) if odd else by_size)
+            ratios.append(_loo_ratio(peak, r[samples]))
     return ratios
 
 
-def bound_ratio(kind, rewards, keys, advantages, mask=None, pre_norm=None, reward_range=None) -> float:
+def _loo_ratio(peak: float, values: np.ndarray) -> float:
+    """A group's peak over the largest |A| a leave-one-out baseline and std (NeMo-RL's GRPO) give its rewards."""
+    if values.size < 2 or not np.all(np.isfinite(values)) or math.isnan(peak):
+        return math.nan
+    if np.all(values == values[0]):  # meant to be 0; float32 rounding below a normalized group's reach is harmless
+        largest = values.size / math.sqrt(values.size - 1)
+        return 0.0 if peak == 0 else peak / largest
+    largest = 0.0
+    for i in range(values.size):
+        peers = np.delete(values, i)
+        gap = abs(values[i] - peers.mean())
+        equal = np.all(peers == peers[0])
+        largest = max(largest, gap if equal else gap / peers.std(ddof=1))
+    if peak == 0:
+        return 0.0
+    return peak / largest if largest > 0 else math.inf
+
+
+def bound_ratio(kind, rewards, keys, advantages, mask=None, reward_range=None) -> float:
     """A step's ``advantages/bound_ratio`` under ``kind``, from its rewards, groups and advantages.
 
-    ``pre_norm`` defaults to each reward minus its group's finite mean; ``unknown`` is the smallest of the
-    group_std, group_mean, batch and none ratios, and ``nan`` without a reward scale.
+    ``unknown`` is the smallest of the group_std, group_mean, batch and none ratios, and ``nan`` without a
+    reward scale.
     """
     r = np.asarray(rewards, dtype=np.float64)
     post = value_stats(advantages, mask)
@@ -292,11 +308,9 @@ def bound_ratio(kind, rewards, keys, advantages, mask=None, pre_norm=None, rewar
     if kind in ("group_std", "group_mean", "gpg", "group_loo_std"):
         known = [x for x in group_bound_ratios(kind, r, keys, advantages, mask) if not math.isnan(x)]
         return max(known) if known else math.nan
-    if kind == "batch":
-        pre = value_stats(derived_pre_norm(r, keys) if pre_norm is None else pre_norm)
+    if kind == "batch":  # whitened: a std of 1, and no |A| beyond sqrt(N - 1) (Samuelson)
         finite = post["count"] - post["nan_count"] - post["inf_count"]
-        z = (max(pre["max"] - pre["mean"], pre["mean"] - pre["min"]) / pre["std"]) if pre["std"] > 0 else 1.0
-        return abs_max / max(1.0, math.sqrt(2 * math.log(finite)) if finite > 1 else 1.0, z)
+        return max(post["std"], abs_max / max(1.0, math.sqrt(finite - 1) if finite > 1 else 1.0))
     if kind == "none":
         finite = r[np.isfinite(r)]
         scales = [abs(finite.min()), abs(finite.max()), finite.max() - finite.min()] if finite.size else []
@@ -305,6 +319,6 @@ def bound_ratio(kind, rewards, keys, advantages, mask=None, pre_norm=None, rewar
         scale = max(scales, default=0.0)
         return abs_max / scale if scale > 0 else math.nan
     assert kind == "unknown", kind
-    ratios = [bound_ratio(k, r, keys, advantages, mask, pre_norm, reward_range)
+    ratios = [bound_ratio(k, r, keys, advantages, mask, reward_range)
               for k in ("group_std", "group_mean", "batch", "none")]
     return math.nan if math.isnan(ratios[-1]) else min(x for x in ratios if not math.isnan(x))

@@ -96,18 +96,16 @@ def test_outputs_unchanged_one_record_per_call_statistics_equal_numpy(name, inst
             "opo": "group_mean", "gpg": "gpg", "reinforce_plus_plus": "batch", "reinforce_plus_plus_baseline": "batch",
             "gdpo": "batch", "remax": "none"}[name]
     assert (record.normalization, record.normalization_source) == (kind, "declared")
-    if name in advmon_verl._UNGROUPED_ESTIMATORS:
-        assert record.metrics["groups/count"] == 0
+    for key, value in group_stats(rewards, keys, (0.0, 1.0)).items():  # every estimator: the batch's uids
+        assert record.metrics[key] == pytest.approx(value, nan_ok=True), key
+    assert record.metrics["groups/zero_std_count"] >= 1
+    if name in advmon_verl._UNGROUPED_ESTIMATORS:  # GAE gets no uids: they come from the trainer's batch
         assert record.metrics["groups/bound_size"] == 0
-        # GAE taps what it whitens, the raw GAE advantages, as its pre_norm: the whitened |A| is its own z-score.
-        raw = raw_gae_advantages(data)
-        assert_stats_close(record.metrics, value_stats(raw, mask), "advantages/pre_norm/")
-        expected = bound_ratio("batch", rewards, None, advantages, mask, pre_norm=raw[mask > 0])
+        # GAE taps what it whitens, the raw GAE advantages, as its pre_norm.
+        assert_stats_close(record.metrics, value_stats(raw_gae_advantages(data), mask), "advantages/pre_norm/")
+        expected = bound_ratio("batch", rewards, None, advantages, mask)
         assert record.metrics["advantages/bound_ratio"] == pytest.approx(expected, rel=1e-9)
-    else:  # every estimator verl passes the uids to: its groups are recorded (issue 19, item 5)
-        for key, value in group_stats(rewards, keys, (0.0, 1.0)).items():
-            assert record.metrics[key] == pytest.approx(value, nan_ok=True), key
-        assert record.metrics["groups/zero_std_count"] >= 1
+    else:
         assert_stats_close(record.metrics, value_stats(derived_pre_norm(rewards, keys)), "advantages/pre_norm/")
         expected = bound_ratio(kind, rewards, keys, advantages, mask, reward_range=(0.0, 1.0))
         assert record.metrics["advantages/bound_ratio"] == pytest.approx(expected, rel=1e-9), kind

@@ -13,8 +13,10 @@ The batch's ``data_source`` (``non_tensor_batch``) slices every record, and GDPO
 reward keys (``gdpo_reward_keys``) give ``rewards/<key>/...``: the trainer's
 ``compute_advantage`` is wrapped to pass them on (:func:`advmon.sliced_by`,
 :func:`advmon.scored_by`).
-GAE has no groups (its rewards are token-level, summed per sequence); what it
-whitens at the end (the raw GAE advantages) is tapped as its pre_norm stage. Each
+GAE gets no uids (its rewards are token-level, summed per sequence): its groups are
+the batch's ``uid`` all the same (:func:`advmon.hooks.grouped_by`), so its zero-std
+groups show; what it whitens at the end (the raw GAE advantages) is tapped as its
+pre_norm stage. Each
 estimator's records say how it normalizes (:data:`NORMALIZATION`: GRPO's follows
 ``norm_adv_by_std_in_grpo``), so the bound alert judges each by its own bound. The step
 is verl's own counter (``SkipManager.set_step(global_steps)``, set by both
@@ -36,7 +38,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from advmon.hooks import ArgumentNames, active_call, is_watched, scored_by, sliced_by, tap, watch_with
+from advmon.hooks import ArgumentNames, active_call, grouped_by, is_watched, scored_by, sliced_by, tap, watch_with
 from advmon.monitor import Monitor, get_monitor, set_monitor
 
 __all__ = ["NORMALIZATION", "current_step", "install", "instrument", "is_instrumented", "uninstrument"]
@@ -147,7 +149,7 @@ def install(monitor: Monitor | None) -> Monitor | None:
         core_algos.get_adv_estimator_fn = get_adv_estimator_fn
         patched.append((core_algos, "get_adv_estimator_fn", original_lookup))
         patched.append(_tap_gae_pre_whitening())
-        patched += _slice_by_data_source()
+        patched += _pass_batch_context()
         _installed = {"monitor": monitor, "registry": saved_registry, "patched": patched, "later": later}
         return monitor
 
@@ -169,7 +171,7 @@ def _tap_gae_pre_whitening() -> tuple[Any, str, Any]:
     return (verl_functional, "masked_whiten", original)
 
 
-def _slice_by_data_source() -> list[tuple[Any, str, Any]]:
+def _pass_batch_context() -> list[tuple[Any, str, Any]]:
     """verl's estimators get the uids but not ``data_source``: the trainer's ``compute_advantage`` has it.
 
     Its calls run inside :func:`advmon.hooks.sliced_by` with the batch's
@@ -187,7 +189,8 @@ def _slice_by_data_source() -> list[tuple[Any, str, Any]]:
         config = kwargs.get("config", args[5] if len(args) > 5 else None)
         # GDPO's reward components: the non-tensor keys its config names.
         keys = [key for key in (getattr(config, "gdpo_reward_keys", None) or []) if key in batch]
-        with sliced_by(batch.get("data_source")), scored_by({key: batch[key] for key in keys} or None):
+        with sliced_by(batch.get("data_source")), scored_by({key: batch[key] for key in keys} or None), \
+                grouped_by(batch.get("uid")):
             return original(data, *args, **kwargs)
 
     compute_advantage.__wrapped__ = original  # type: ignore[attr-defined]
