@@ -123,7 +123,7 @@ def run_steps(monitor: Monitor, config: DemoConfig, unstable: bool):
     """Drive one simulated run through ``monitor``, yielding after each step."""
     generator = torch.Generator().manual_seed(config.seed * 2 + int(unstable))
 
-    @monitor.watch
+    @monitor.watch(normalization="group_loo_std")  # NeMo-RL's: each sample divided by its peers' std
     def compute_advantage(prompt_ids, rewards, mask):
         return grpo_advantages(prompt_ids, rewards, mask, one_pass_std=unstable)
 
