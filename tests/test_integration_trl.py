@@ -250,3 +250,34 @@ def test_a_reward_function_returning_none_for_one_source_is_named_everywhere(tmp
     assert "AdvmonRewardFunctionNonFinite function=graded at step" in where
     assert f"<td>{beta_groups[0]}</td><td>nonfinite_reward_functions</td><td>beta</td>" in where
     assert "By reward function: NaN/Inf scores per step" in where and "By slice: reward mean" in where
+
+
+def correctness_worth_ten(completions, **_):
+    """The issue's healthy run: correctness worth 10 (about half the completions start with one of these)..."""
+    return [10.0 if c[:1] in "abcdefghijklmnopqrst" else 0.0 for c in completions]
+
+
+def format_worth_two(completions, **_):
+    """...and a format bonus worth 2 (a completion with a digit)."""
+    return [2.0 if any(ch.isdigit() for ch in c) else 0.0 for c in completions]
+
+
+@pytest.mark.parametrize("scale_rewards", ["none", "group", "batch"])
+def test_a_healthy_trl_run_with_two_reward_functions_raises_no_alert_whatever_it_scales(scale_rewards, tmp_path):
+    """Issue 25: scale_rewards="none" (Dr. GRPO) paged 8 times in 40 healthy steps; each mode is judged by its bound."""
+    from advmon.alerts.evaluator import evaluate_records
+
+    sink = ListSink()
+    monitor = advmon.Monitor(f"trl-{scale_rewards}", sinks=[sink])
+    trainer = trl_run.trainer(tmp_path, monitor, reward_funcs=[correctness_worth_ten, format_worth_two],
+                              max_steps=40, scale_rewards=scale_rewards, learning_rate=1e-4)
+    trainer.train()
+    monitor.close()
+    assert len(sink.records) == 40
+    kind = {"none": "group_mean", "group": "group_std", "batch": "batch"}[scale_rewards]
+    assert {(r.normalization, r.normalization_source) for r in sink.records} == {(kind, "declared")}
+    if scale_rewards == "none":  # |A| in reward units: beyond the std bound 3 x G/sqrt(G-1) the catalog used to page on
+        assert max(r.metrics["advantages/post_norm/max"] for r in sink.records) > 3 * 4 / 3 ** 0.5
+    fired = [(o.alert, o.fired_step, o.value) for o in evaluate_records(sink.records)]
+    zero_std = [round(r.metrics["groups/zero_std_fraction"], 2) for r in sink.records]
+    assert fired == [], (fired, zero_std)
