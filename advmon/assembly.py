@@ -22,7 +22,7 @@ import torch
 
 from advmon.exemplars import FIELDS as EXEMPLAR_FIELDS
 from advmon.exemplars import NOT_CHOSEN, REASONS
-from advmon.group_bounds import empty_evidence, merge_evidence
+from advmon.group_bounds import evidence_from_table, merge_evidence
 from advmon.groups import GROUP_COUNT_FIELDS, merge_group_counts
 from advmon.normalization import Verdict, judge
 from advmon.histograms import Histogram
@@ -94,8 +94,10 @@ class StepParts:
 
     def add_evidence(self, evidence: np.ndarray) -> None:
         """Add one call's evidence of its normalization, as one call on both batches would give it."""
-        totals = empty_evidence() if self.bound_evidence is None else self.bound_evidence
-        self.bound_evidence = merge_evidence(totals, evidence)
+        if self.bound_evidence is None:
+            self.bound_evidence = evidence.copy()
+        else:
+            self.bound_evidence = merge_evidence(self.bound_evidence, evidence)
 
     def add_slice(self, name: str, row: np.ndarray) -> None:
         """Add one call's sums of a slice: counts and sums add up, the largest |advantage| is a maximum."""
@@ -136,7 +138,10 @@ def collect(calls: Sequence[CallParts]) -> StepParts:
             counts = next(arrays)
             step.group_totals = counts.copy() if step.group_totals is None else merge_group_counts(step.group_totals, counts)
         if call.bound_evidence is not None:
-            step.add_evidence(next(arrays))
+            evidence = next(arrays)
+            if isinstance(call.bound_evidence, torch.Tensor):  # a device call's groups: finished here, in NumPy
+                evidence = evidence_from_table(evidence, loo=call.normalization == "group_loo_std")
+            step.add_evidence(evidence)
         for key, value in call.estimator_metrics.items():
             number = float(next(arrays)[0]) if isinstance(value, torch.Tensor) else float(value)
             step.estimator_metrics[f"estimator/{key}"] = number
@@ -272,19 +277,21 @@ def assemble(summaries: dict[str, dict[str, float]], step: StepParts,
 
 
 _GROUP_STD_KINDS = ("group_std", "group_loo_std")
+_GROUP_KINDS = ("group_std", "group_loo_std", "group_mean", "gpg")
 
 
 def judged_exemplars(entries: Sequence[dict[str, Any]], verdict: Verdict, factor: float) -> list[dict[str, Any]]:
     """The step's exemplars with each group's ``advantage_bound_ratio`` (and whether it is ``beyond_bound``) under
-    the step's kind: a call ranked its groups before the step's kind was known (inferred, or judged by the
-    step's scale). NeMo-RL's leave-one-out kind keeps the ratios its calls gave (only they saw which samples
-    were left undivided)."""
-    if verdict.kind == "group_loo_std":
-        return list(entries)
+    the step's kind, where its calls could not rank them so: the kind was inferred, or its bound is the
+    step's (``batch``, ``none``). A declared group kind's calls ranked them already (only they saw which of
+    NeMo-RL's leave-one-out samples were left undivided)."""
+    if not entries or verdict.source == "declared" and verdict.kind in _GROUP_KINDS:
+        return list(entries)  # every call ranked its groups under this kind already
+    columns = ("advantage_abs_max", "size", "reward_finite_count", "reward_min", "reward_max")
+    values = np.array([[entry[column] for column in columns] for entry in entries], dtype=np.float64)
+    ratios = verdict.group_ratios(*values.T).tolist()  # one NumPy pass for the step's few exemplars
     judged = []
-    for entry in entries:
-        ratio = verdict.group_ratio(entry["advantage_abs_max"], entry["size"], entry["reward_finite_count"],
-                                    entry["reward_min"], entry["reward_max"])
+    for entry, ratio in zip(entries, ratios):
         entry = {**entry, "advantage_bound_ratio": ratio}
         if entry["reason"] in ("beyond_bound", "largest_abs_advantage"):
             entry["reason"] = "beyond_bound" if ratio > factor else "largest_abs_advantage"

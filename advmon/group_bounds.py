@@ -44,6 +44,7 @@ __all__ = [
     "GroupPeaks",
     "call_bounds",
     "empty_evidence",
+    "evidence_from_table",
     "group_peaks",
     "group_ratios",
     "merge_evidence",
@@ -174,40 +175,82 @@ def _host_group_peaks(groups: Any, abs_max: Any, nonfinite: Any) -> GroupPeaks:
 
 def call_bounds(segments: Any, peaks: GroupPeaks | None, rewards: torch.Tensor,
                 kind: str | None = None) -> tuple[Any, Any]:
-    """A call's :data:`EVIDENCE_FIELDS`, and each group's peak over its bound under the call's declared ``kind``.
+    """A call's evidence, and each group's peak over its bound under the call's declared ``kind``.
 
-    The evidence is a NumPy array on the CPU, a float64 tensor on the rewards' device;
+    On the CPU the evidence is :data:`EVIDENCE_FIELDS` in NumPy; elsewhere it is the
+    groups' columns as one float64 tensor (:func:`evidence_from_table` finishes it on
+    the host, after the record's one transfer: a handful of kernels, not dozens).
     ``rewards`` are the call's float64 per-sample rewards. Without ``peaks`` (no
     advantages per sample) only the reward counts are known. The groups' ratios
     (:func:`group_ratios`; the looser group bound when ``kind`` is not declared) are
-    ``None`` without peaks, and for ``batch`` and ``none``, whose bound is the step's.
+    ``None`` without peaks and for ``batch`` and ``none``, whose bound is the step's; off
+    the CPU, also where no kind is declared (the host judges the exemplars again).
     """
     groups = getattr(segments, "groups", None)
-    host = groups is not None
-    xp = np if host else torch
-    if host:
-        size, low, high, finite = groups.size, groups.low, groups.high, groups.finite
-        evidence = np.array(_EMPTY)
-        r = host_float64(rewards)
-        evidence[_FIELD["nonzero_rewards"]] = np.count_nonzero(r)
-        evidence[_FIELD["samples"]] = r.shape[0]
-        scale = evidence[_FIELD["samples"]] / max(1.0, evidence[_FIELD["nonzero_rewards"]])
-    else:
-        size, low, high, finite = segments.size, segments.min, segments.max, segments.finite
-        nonzero = torch.count_nonzero(rewards).to(torch.float64)
-        scale = rewards.shape[0] / nonzero.clamp(min=1.0)
-    ratios = loo = None
-    if peaks is not None and kind not in ("batch", "none"):
+    if groups is None:
+        return _device_table(segments, peaks, rewards, kind)
+    size, low, high, finite = groups.size, groups.low, groups.high, groups.finite
+    evidence = np.array(_EMPTY)
+    r = host_float64(rewards)
+    evidence[_FIELD["nonzero_rewards"]] = nonzero = np.count_nonzero(r)
+    evidence[_FIELD["samples"]] = r.shape[0]
+    if peaks is None or not size.shape[0]:
+        return evidence, None
+    # Both group bounds once, for the evidence and the call's own ratios (counted in NumPy calls: a call's cost).
+    with np.errstate(divide="ignore", invalid="ignore"):
+        by_size = _std_ratios(np, peaks.peak, size)
+        by_spread = _spread_ratios(np, peaks.peak, finite, low, high, 1.0)
+        loo = None
         if kind == "group_loo_std":
-            ordered = (r if groups.in_order else r[groups.order]) if host else rewards.to(torch.float64)[segments.order]
-            loo = loo_bounds(xp, ordered, groups if host else segments, size, finite)
-        ratios = group_ratios(xp, kind, peaks.peak, size, finite, low, high, scale=scale if kind == "gpg" else 1.0,
-                              loo=loo)
-    if host:
-        _host_judged(evidence, peaks, size, low, high, finite, ratios if loo is not None else None)
-        return evidence, ratios
-    counts = torch.stack([nonzero, torch.tensor(float(rewards.shape[0]), dtype=torch.float64, device=rewards.device)])
-    return torch.cat([_device_judged(segments, peaks, ratios if loo is not None else None), counts]), ratios
+            bounds = loo_bounds(np, r if groups.in_order else r[groups.order], groups, size, finite)
+            loo = group_ratios(np, kind, peaks.peak, size, finite, low, high, loo=bounds)
+        _host_judged(evidence, peaks.peak, low, high, by_size, by_spread, loo)
+        ratios = {"group_std": by_size, "group_mean": by_spread, "gpg": by_spread * (nonzero or 1) / r.shape[0],
+                  "group_loo_std": loo, "batch": None, "none": None}.get(kind, np.fmin(by_size, by_spread))
+    return evidence, ratios
+
+
+def _device_table(segments: Any, peaks: GroupPeaks | None, rewards: torch.Tensor,
+                  kind: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The groups' columns (peak, size, finite count, min, max, and the leave-one-out bound where declared), then
+    the count of non-zero rewards and of rewards: :func:`evidence_from_table`'s input."""
+    counts = torch.stack([torch.count_nonzero(rewards).to(torch.float64),
+                          torch.full((), float(rewards.shape[0]), dtype=torch.float64, device=rewards.device)])
+    if peaks is None:
+        return counts, None
+    columns = [peaks.peak, segments.size, segments.finite, segments.min, segments.max]
+    ratios = loo = None
+    if kind == "group_loo_std":
+        loo = loo_bounds(torch, rewards.to(torch.float64)[segments.order], segments, segments.size, segments.finite)
+    if kind in ("group_std", "group_mean", "gpg", "group_loo_std"):  # a declared group kind: ranked here already
+        scale = counts[1] / counts[0].clamp(min=1.0) if kind == "gpg" else 1.0
+        ratios = group_ratios(torch, kind, *columns, scale=scale, loo=loo)
+    if loo is not None:
+        columns.append(ratios)
+    return torch.cat([torch.stack(columns).reshape(-1), counts]), ratios
+
+
+def evidence_from_table(table: np.ndarray, loo: bool = False) -> np.ndarray:
+    """:data:`EVIDENCE_FIELDS` from a device call's :func:`call_bounds` table, on the host (``loo``: the table
+    has the leave-one-out ratios' column, declared ``group_loo_std``).
+
+    Example:
+        >>> #                  peak      size      finite    min       max     non-zero, rewards
+        >>> table = np.array([2.0, 0.0, 4.0, 4.0, 4.0, 4.0, 0.0, 1.0, 1.0, 1.0, 3.0, 8.0])
+        >>> evidence = dict(zip(EVIDENCE_FIELDS, evidence_from_table(table).tolist()))
+        >>> round(evidence["spread_ratio"], 4), evidence["equal_ratio"], evidence["judged_groups"]
+        (2.0, 0.0, 1.0)
+    """
+    evidence = np.array(_EMPTY)
+    evidence[_FIELD["nonzero_rewards"]], evidence[_FIELD["samples"]] = table[-2], table[-1]
+    columns = table[:-2]
+    if not columns.size:
+        return evidence
+    peak, size, finite, low, high, *ratios = columns.reshape(6 if loo else 5, -1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        _host_judged(evidence, peak, low, high, _std_ratios(np, peak, size),
+                     _spread_ratios(np, peak, finite, low, high, 1.0), ratios[0] if ratios else None)
+    return evidence
 
 
 def loo_bounds(xp: ModuleType, ordered: Any, segments: Any, size: Any, finite: Any) -> Any:
@@ -255,50 +298,18 @@ def loo_bounds(xp: ModuleType, ordered: Any, segments: Any, size: Any, finite: A
     return xp.where((finite == size) & (size >= 2), bound, math.nan)
 
 
-def _device_judged(segments: Any, peaks: GroupPeaks | None, loo_ratios: torch.Tensor | None) -> torch.Tensor:
-    device = segments.size.device
-    if peaks is None or segments.size.shape[0] == 0:
-        return torch.tensor(_EMPTY[:_JUDGED], dtype=torch.float64, device=device)
-    peak, size, low, high, finite = peaks.peak, segments.size, segments.min, segments.max, segments.finite
-    known = peak >= 0  # nan: no finite advantage
-    sized = known & (size >= 2)
-    comparable = known & (finite >= 2)
-    spread_ratio = _spread_ratios(torch, peak, finite, low, high, 1.0)
+def _host_judged(evidence: np.ndarray, peak: np.ndarray, low: np.ndarray, high: np.ndarray, by_size: np.ndarray,
+                 by_spread: np.ndarray, loo: np.ndarray | None) -> None:
+    """Fill the evidence from the groups' ratios to both group bounds (``nan`` where one does not apply)."""
+    evidence[_FIELD["std_ratio"]] = np.fmax.reduce(by_size, initial=-math.inf)  # fmax: a nan is no evidence
+    evidence[_FIELD["spread_ratio"]] = np.fmax.reduce(by_spread, initial=-math.inf)
+    if loo is not None:
+        evidence[_FIELD["loo_ratio"]] = np.fmax.reduce(loo, initial=-math.inf)
+    comparable = by_spread == by_spread  # two finite rewards or more, and a peak
     differ = comparable & (high > low)
-    loo = torch.full((), -math.inf, dtype=torch.float64, device=device)
-    if loo_ratios is not None:  # nan: a group with a non-finite reward has no such bound
-        loo = torch.where(sized & ~loo_ratios.isnan(), loo_ratios, -math.inf).amax()
-    return torch.stack([
-        torch.where(sized, _std_ratios(torch, peak, size), -math.inf).amax(),
-        torch.where(comparable, spread_ratio, -math.inf).amax(),
-        loo,
-        torch.where(differ, peak / (high - low), math.inf).amin(),
-        torch.where(comparable & ~differ, spread_ratio, -math.inf).amax(),  # spread 0: peak over the slack alone
-        differ.sum().to(torch.float64),
-    ])
-
-
-def _host_judged(evidence: np.ndarray, peaks: GroupPeaks | None, size: np.ndarray, low: np.ndarray,
-                 high: np.ndarray, finite: np.ndarray, loo_ratios: np.ndarray | None) -> None:
-    if peaks is None or not size.shape[0]:
-        return
-    peak = peaks.peak
-    with np.errstate(divide="ignore", invalid="ignore"):
-        known = peak >= 0  # nan: no finite advantage
-        sized = known & (size >= 2)
-        if sized.any():
-            evidence[_FIELD["std_ratio"]] = _std_ratios(np, peak[sized], size[sized]).max()
-            if loo_ratios is not None:  # nan: a group with a non-finite reward has no such bound
-                evidence[_FIELD["loo_ratio"]] = np.fmax.reduce(loo_ratios[sized], initial=-math.inf)
-        comparable = known & (finite >= 2)
-        if not comparable.any():
-            return
-        peak, finite, low, high = peak[comparable], finite[comparable], low[comparable], high[comparable]
-        ratios = _spread_ratios(np, peak, finite, low, high, 1.0)
-        evidence[_FIELD["spread_ratio"]] = ratios.max()
-        differ = high > low
-        if differ.any():
-            evidence[_FIELD["spread_ratio_low"]] = (peak[differ] / (high[differ] - low[differ])).min()
-            evidence[_FIELD["judged_groups"]] = np.count_nonzero(differ)
-        if not differ.all():
-            evidence[_FIELD["equal_ratio"]] = ratios[~differ].max()
+    if differ.any():
+        evidence[_FIELD["spread_ratio_low"]] = (peak[differ] / (high[differ] - low[differ])).min()
+        evidence[_FIELD["judged_groups"]] = np.count_nonzero(differ)
+    equal = comparable & ~differ
+    if equal.any():
+        evidence[_FIELD["equal_ratio"]] = by_spread[equal].max()

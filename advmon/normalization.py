@@ -109,9 +109,11 @@ def resolve(declared: Normalization, arguments: Mapping[str, Any]) -> str | None
 # --------------------------------------------------------------------------- a step's bounds
 
 
-def _evidence(evidence: np.ndarray | None) -> dict[str, float]:
+def _evidence(evidence: np.ndarray | Mapping[str, float] | None) -> Mapping[str, float]:
     if evidence is None:
         return {}
+    if isinstance(evidence, Mapping):
+        return evidence  # read once already
     return dict(zip(EVIDENCE_FIELDS, evidence.tolist()))
 
 
@@ -152,13 +154,14 @@ def reward_scale(summaries: Mapping[str, Mapping[str, float]], reward_range: tup
     return scale if scale > 0 else math.nan
 
 
-def step_ratios(evidence: np.ndarray | None, summaries: Mapping[str, Mapping[str, float]],
-                reward_range: tuple[float, float] | None) -> dict[str, float]:
-    """The step's |A| over each kind's bound (``nan`` where the kind cannot judge it)."""
+def step_ratios(evidence: np.ndarray | Mapping[str, float] | None, summaries: Mapping[str, Mapping[str, float]],
+                reward_range: tuple[float, float] | None, scale: float | None = None) -> dict[str, float]:
+    """The step's |A| over each kind's bound (``nan`` where the kind cannot judge it); ``scale`` is the step's
+    :func:`reward_scale` when the caller has it."""
     found = _evidence(evidence)
     abs_max = _abs_max(summaries.get("post_norm", {}))
     spread = _known(found.get("spread_ratio"))
-    scale = reward_scale(summaries, reward_range)
+    scale = reward_scale(summaries, reward_range) if scale is None else scale
     return {
         "group_std": _known(found.get("std_ratio")),
         "group_loo_std": _known(found.get("loo_ratio")),
@@ -175,7 +178,7 @@ def step_ratios(evidence: np.ndarray | None, summaries: Mapping[str, Mapping[str
 _LOOSEST_OF = ("group_std", "group_mean", "batch", "none")
 
 
-def infer(evidence: np.ndarray | None, summaries: Mapping[str, Mapping[str, float]]) -> str:
+def infer(evidence: np.ndarray | Mapping[str, float] | None, summaries: Mapping[str, Mapping[str, float]]) -> str:
     """The kind the data fit, from the groups' peaks and the post-norm statistics; ``unknown`` when they fit
     several or none.
 
@@ -226,17 +229,17 @@ class Verdict:
         return (self.source == "declared" and self.kind in KINDS and self.observed not in (None, UNKNOWN, self.kind)
                 and self.ratio > factor)
 
-    def group_ratio(self, peak: float, size: float, finite: float, low: float, high: float) -> float:
-        """One group's peak over its bound under this step's kind (the loosest of all for unknown steps)."""
-        values = [np.float64(v) for v in (peak, size, finite, low, high)]
+    def group_ratios(self, peak: np.ndarray, size: np.ndarray, finite: np.ndarray, low: np.ndarray,
+                     high: np.ndarray) -> np.ndarray:
+        """Groups' peaks over their bounds under this step's kind (the loosest of all for unknown steps)."""
+        values = (peak, size, finite, low, high)
         if self.kind in KINDS and self.kind != "group_loo_std":
             base = self.batch_base if self.kind == "batch" else self.reward_scale
-            return float(group_ratios(np, self.kind, *values, scale=self.scale if self.kind == "gpg" else 1.0,
-                                      base=base))
+            return group_ratios(np, self.kind, *values, scale=self.scale if self.kind == "gpg" else 1.0, base=base)
         candidates = [group_ratios(np, kind, *values, base=base)
                       for kind, base in (("group_std", math.nan), ("group_mean", math.nan),
                                          ("batch", self.batch_base), ("none", self.reward_scale))]
-        return float(np.fmin.reduce(candidates))
+        return np.fmin.reduce(candidates)
 
 
 def judge(declared: Sequence[str | None], evidence: np.ndarray | None,
@@ -248,8 +251,9 @@ def judge(declared: Sequence[str | None], evidence: np.ndarray | None,
     loosest bound of all kinds, or not at all without a reward scale (its advantages could then be in
     any unit).
     """
+    found = _evidence(evidence)
     post = summaries.get("post_norm")
-    observed = infer(evidence, summaries) if post is not None else None
+    observed = infer(found, summaries) if post is not None else None
     kinds = set(declared)
     if len(kinds) > 1:
         kind, source = MIXED, ("declared" if None not in kinds else "inferred")
@@ -257,7 +261,8 @@ def judge(declared: Sequence[str | None], evidence: np.ndarray | None,
         kind, source = kinds.pop(), "declared"
     else:
         kind, source = (observed or UNKNOWN), ("inferred" if post is not None else None)
-    ratios = step_ratios(evidence, summaries, reward_range)
+    scale = reward_scale(summaries, reward_range)
+    ratios = step_ratios(found, summaries, reward_range, scale)
     if kind in KINDS:
         bound_kind, ratio = kind, ratios[kind]
     elif math.isnan(ratios["none"]):
@@ -265,7 +270,5 @@ def judge(declared: Sequence[str | None], evidence: np.ndarray | None,
     else:
         judged = [(ratios[k], k) for k in _LOOSEST_OF if not math.isnan(ratios[k])]
         ratio, bound_kind = min(judged)
-    found = _evidence(evidence)
     return Verdict(kind=kind, source=source, observed=observed, ratio=ratio, bound_kind=bound_kind, ratios=ratios,
-                   scale=gpg_scale(found), batch_base=batch_base(summaries),
-                   reward_scale=reward_scale(summaries, reward_range))
+                   scale=gpg_scale(found), batch_base=batch_base(summaries), reward_scale=scale)

@@ -87,6 +87,21 @@ def test_promtool_and_in_process_fire_the_same_alerts_at_the_same_steps(kind, tm
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("estimator", ["verl/grpo", "nemo/GRPO", "verl/rloo", "verl/gpg", "verl/gae", "verl/remax"])
+def test_promtool_and_in_process_agree_on_every_normalization_kind(estimator, tmp_path):
+    """Records of real estimators of each kind (tests/zoo.py) at reward scale 20, healthy then x100 from step 25."""
+    from tests.services import require_module
+    from tests.zoo import ESTIMATORS, Case, run_case
+
+    require_module(ESTIMATORS[estimator].framework if ESTIMATORS[estimator].framework != "nemo" else "torch")
+    outcome = run_case(Case(estimator, "binary", 20.0, steps=30, fault="x100", onset=20))
+    assert {r.normalization for r in outcome.records} == {ESTIMATORS[estimator].kind}
+    states = promtool_agreement(outcome.records, tmp_path, Thresholds.with_overrides())
+    fired = [index for index, state in enumerate(states) if any(n == "AdvmonAdvantageBeyondBound" for n, _ in state)]
+    assert fired and fired[0] == 20, fired  # quiet while healthy, at once when broken
+
+
+@pytest.mark.integration
 def test_agreement_with_sink_errors_and_tuned_thresholds(tmp_path):
     records = simulate(RunSpec("zero_std_collapse", seed=2, steps=40, onset=20))
     for i, record in enumerate(records):  # a sink that starts failing at step 25

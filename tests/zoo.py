@@ -197,14 +197,15 @@ class Policy:
                 values[chosen] = values[chosen, :1]
 
 
-def break_advantages(case: Case, step: int, advantages: torch.Tensor, rewards: np.ndarray) -> torch.Tensor:
+def break_advantages(case: Case, step: int, advantages: torch.Tensor) -> torch.Tensor:
     """The output faults: advantages x100, or one group divided by a std 1000x too small (a new tensor)."""
     if case.fault not in ("x100", "cancelled_std") or step < case.onset:
         return advantages
     if case.fault == "x100":
         return advantages * 100.0
-    grouped = rewards.reshape(case.prompts, case.group)
-    lively = np.flatnonzero(grouped.max(1) > grouped.min(1))
+    # The first group with an advantage to scale (pass@k gives all but a group's best sample 0, ties 0 too).
+    peaks = advantages.detach().abs().reshape(advantages.shape[0], -1).amax(1).reshape(case.prompts, case.group)
+    lively = np.flatnonzero(peaks.amax(1).numpy() > 0)
     if not lively.size:
         return advantages
     rows = torch.zeros(advantages.shape[0], dtype=torch.bool)
@@ -246,14 +247,14 @@ def _run_verl(name: str, case: Case, monitor: advmon.Monitor, flags: dict[str, A
     import advmon.integrations.verl as advmon_verl
 
     policy = Policy(case, components=2 if name == "gdpo" else 1)
-    current = {"step": 0, "rewards": None}
+    current = {"step": 0}
     original = core_algos.ADV_ESTIMATOR_REGISTRY[name]
     attributes = [a for a, v in vars(core_algos).items() if v is original]
 
     @functools.wraps(original)  # advmon reads the arguments by the estimator's own names
     def faulty(*args, **kwargs):
         advantages, returns = original(*args, **kwargs)
-        return break_advantages(case, current["step"], advantages, current["rewards"]), returns
+        return break_advantages(case, current["step"], advantages), returns
 
     if case.fault in ("x100", "cancelled_std"):  # the estimator itself is broken: advmon watches what verl calls
         core_algos.ADV_ESTIMATOR_REGISTRY[name] = faulty
@@ -264,7 +265,7 @@ def _run_verl(name: str, case: Case, monitor: advmon.Monitor, flags: dict[str, A
     try:
         for step in range(case.steps):
             batch = policy.rollouts(step)
-            current.update(step=step, rewards=batch.rewards)
+            current["step"] = step
             with monitor.step(step):
                 ray_trainer.compute_advantage(_verl_data(DataProto, batch, name), adv_estimator=name, gamma=1.0,
                                               lam=0.95, norm_adv_by_std_in_grpo=flags.get("norm_adv_by_std_in_grpo", True),
@@ -330,12 +331,12 @@ def _run_trl(case: Case, monitor: advmon.Monitor, settings: dict[str, Any]) -> N
         score.__name__ = component
         return score
 
-    current = {"step": 0, "rewards": None}
+    current = {"step": 0}
 
     class Broken(GRPOTrainer):  # the advantages TRL computes, broken before the mixin records them
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)
-            output["advantages"] = break_advantages(case, current["step"], output["advantages"], current["rewards"])
+            output["advantages"] = break_advantages(case, current["step"], output["advantages"])
             return output
 
     class Zoo(AdvmonGRPOMixin, Broken):
@@ -355,7 +356,7 @@ def _run_trl(case: Case, monitor: advmon.Monitor, settings: dict[str, Any]) -> N
             for name, values in batch.components.items():
                 scores[name] = {(p, s): float(values[p * case.group + s])
                                 for p in range(case.prompts) for s in range(case.group)}
-            current.update(step=step, rewards=batch.rewards)
+            current["step"] = step
             trainer.state.global_step = step - 1  # the mixin records at TRL's logged step, global_step + 1
             trainer._generate_and_score_completions(
                 [{"prompt": f"{p}+{p}=", "pid": p, "slot": s} for p in range(case.prompts) for s in range(case.group)])
@@ -383,14 +384,14 @@ def _run_nemo(name: str, case: Case, monitor: advmon.Monitor, flags: dict[str, A
 
     module = nemo_classes()
     real = getattr(module, name)
-    current = {"step": 0, "rewards": None}
+    current = {"step": 0}
 
     class Broken(real):  # the estimator itself is broken: advmon watches the class NeMo-RL would call
         @functools.wraps(real.compute_advantage)  # advmon reads the arguments by the estimator's own names
         def compute_advantage(self, *args, **kwargs):
             result = real.compute_advantage(self, *args, **kwargs)
             advantages = result[0] if isinstance(result, tuple) else result
-            broken = break_advantages(case, current["step"], advantages, current["rewards"])
+            broken = break_advantages(case, current["step"], advantages)
             return (broken, *result[1:]) if isinstance(result, tuple) else broken
 
     Broken.__name__ = Broken.__qualname__ = name
@@ -409,7 +410,7 @@ def _run_nemo(name: str, case: Case, monitor: advmon.Monitor, flags: dict[str, A
     policy = Policy(case, components=2 if name == "GDPOAdvantageEstimator" else 1)
     for step in range(case.steps):
         batch = policy.rollouts(step)
-        current.update(step=step, rewards=batch.rewards)
+        current["step"] = step
         prompt_ids = torch.from_numpy(np.stack([batch.prompt, batch.prompt * 7 + 3], 1))  # [B, S] prompt tokens
         rewards = torch.from_numpy(batch.rewards.astype(np.float32))
         mask = torch.from_numpy(batch.mask)
