@@ -137,9 +137,18 @@ def _header(run: Run) -> str:
     return (
         f"<h1>advmon report: run {html.escape(run.name)}</h1>"
         f"<p class='meta'>{len(run.records)} records, steps {first.step}&ndash;{last.step}; "
-        f"estimator <code>{html.escape(run.estimator)}</code>; started {when}, spanning {span / 60:.1f} min; "
-        f"source <code>{html.escape(run.source)}</code></p>"
+        f"estimator <code>{html.escape(run.estimator)}</code>{_normalization(run)}; started {when}, spanning "
+        f"{span / 60:.1f} min; source <code>{html.escape(run.source)}</code></p>"
     )
+
+
+def _normalization(run: Run) -> str:
+    """The normalization kinds the bound alert judged the run by (docs/alerts.md), most records first."""
+    counts = sorted(run.normalizations.items(), key=lambda item: -item[1])
+    if not counts:
+        return ""
+    kinds = ", ".join(html.escape(label) + (f" in {count} records" if len(counts) > 1 else "") for label, count in counts)
+    return f", normalization <code>{kinds}</code>"
 
 
 def _alerts_table(rows: Sequence[AlertRow], runbook_base: str) -> str:

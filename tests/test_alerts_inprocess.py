@@ -300,6 +300,18 @@ def test_normalization_is_read_from_advmon_instrument():
         parse_targets("my.module:Reinforce(normalization=maybe)")
     with pytest.raises(AdvmonConfigError, match="expected .* or normalization=, got 'group_normalized=false'"):
         parse_targets("my.module:Reinforce(group_normalized=false)")
+    # A function of the call's arguments travels as module:function (how a Ray worker gets NeMo-RL's classes).
+    from advmon.environment import Target
+    from advmon.hooks import ArgumentNames
+    from advmon.integrations.nemo_rl import ESTIMATORS, grpo_normalization
+
+    carried = Target("nemo_rl.algorithms.advantage_estimator", "GRPOAdvantageEstimator", "compute_advantage",
+                     ESTIMATORS["GRPOAdvantageEstimator"])
+    assert "normalization=advmon.integrations.nemo_rl:grpo_normalization" in carried.spec
+    [back] = parse_targets(carried.spec)
+    assert back.names.normalization is grpo_normalization
+    with pytest.raises(AdvmonConfigError, match="cannot reach other processes"):
+        Target("m", "C", "compute_advantage", ArgumentNames(normalization=lambda arguments: "batch")).spec
 
 
 def test_nemo_rl_reinforce_plus_plus_records_its_groups_without_the_group_bound():

@@ -214,6 +214,8 @@ def test_an_unknown_normalization_is_refused_when_the_estimator_is_wrapped():
         advmon.instrument(object(), monitor, normalization="whitened")
     with pytest.raises(advmon.AdvmonConfigError, match="unknown normalization"):
         monitor.observe(rewards=torch.ones(2), advantages=torch.zeros(2), normalization="std")
+    with pytest.raises(advmon.AdvmonConfigError, match="takes a kind, not a function"):
+        monitor.observe(rewards=torch.ones(2), advantages=torch.zeros(2), normalization=lambda arguments: "batch")
     monitor.close()
 
 

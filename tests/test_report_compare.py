@@ -150,6 +150,9 @@ def test_report_renders_in_chromium_with_visible_non_empty_plots(tmp_path):
     page = out.read_text()
     assert "<script" not in page and "http://" not in page.split("<body>")[0]  # self-contained: nothing to fetch
     assert "AdvmonNonFiniteRewards" in page and "docs/runbooks.md#advmonnonfiniterewards" in page
+    # The header says how the run's advantages were normalized (the simulated NeMo-RL estimator: inferred).
+    kinds = {f"{r.normalization} ({r.normalization_source})" for r in advmon.read_jsonl(source)}
+    assert re.search(r"normalization <code>[^<]*" + re.escape(sorted(kinds)[0]), page), kinds
     plots = rendered_plots(tmp_path, page)
     assert len(plots) == 6
     for plot in plots:

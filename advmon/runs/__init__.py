@@ -60,6 +60,17 @@ class Run:
         names = [r.estimator for r in self.records if r.estimator]
         return ",".join(dict.fromkeys(",".join(names).split(","))) if names else "unknown"
 
+    @property
+    def normalizations(self) -> dict[str, int]:
+        """How the run's advantages were normalized (``kind (declared)``) and in how many records; empty for
+        sources that do not keep it (only JSONL does)."""
+        counts: dict[str, int] = {}
+        for record in self.records:
+            if record.normalization is not None:
+                label = f"{record.normalization} ({record.normalization_source})"
+                counts[label] = counts.get(label, 0) + 1
+        return counts
+
 
 def read_run(source: str | Path) -> Run:
     """Read one run from a JSONL file, an MLflow run, a W&B offline run or TensorBoard files (see the module doc)."""
