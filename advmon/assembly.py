@@ -24,8 +24,8 @@ from advmon.exemplars import FIELDS as EXEMPLAR_FIELDS
 from advmon.exemplars import NOT_CHOSEN, REASONS
 from advmon.group_bounds import evidence_from_table, merge_evidence
 from advmon.groups import GROUP_COUNT_FIELDS, merge_group_counts
-from advmon.normalization import Verdict, judge
 from advmon.histograms import Histogram
+from advmon.normalization import Verdict, judge
 from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem
 from advmon.record import REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
 from advmon.slices import SLICE_FIELDS

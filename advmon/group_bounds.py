@@ -43,7 +43,6 @@ __all__ = [
     "SLACK",
     "GroupPeaks",
     "call_bounds",
-    "empty_evidence",
     "evidence_from_table",
     "group_peaks",
     "group_ratios",
@@ -64,7 +63,6 @@ EVIDENCE_FIELDS = (
 EVIDENCE_MERGE = ("max", "max", "max", "min", "max", "sum", "sum", "sum")
 _EMPTY = (-math.inf, -math.inf, -math.inf, math.inf, -math.inf, 0.0, 0.0, 0.0)
 _FIELD = {name: i for i, name in enumerate(EVIDENCE_FIELDS)}
-_JUDGED = len(EVIDENCE_FIELDS) - 2  # the fields a group's peaks give (the reward counts follow)
 #: A group of equal rewards may carry float32 rounding of its rewards' size (an RLOO of 0.3s gives
 #: ~1e-8): |A| up to this fraction of its largest |reward| is still "0".
 SLACK = 1e-6
@@ -78,18 +76,14 @@ class GroupPeaks(NamedTuple):
     bad: Any
 
 
-def empty_evidence() -> np.ndarray:
-    """Evidence of no call: every field at its merge's identity.
+def merge_evidence(totals: np.ndarray, evidence: np.ndarray) -> np.ndarray:
+    """Two calls' evidence as one call on both batches would give it.
 
     Example:
-        >>> merge_evidence(empty_evidence(), np.array([2.0, 1.0, 2.0, 0.5, 0.0, 3.0, 10.0, 16.0])).tolist()
-        [2.0, 1.0, 2.0, 0.5, 0.0, 3.0, 10.0, 16.0]
+        >>> first = np.array([2.0, 1.0, 2.0, 0.5, 0.0, 3.0, 10.0, 16.0])
+        >>> merge_evidence(first, np.array([1.0, 1.5, -np.inf, 0.7, -np.inf, 2.0, 4.0, 16.0])).tolist()
+        [2.0, 1.5, 2.0, 0.5, 0.0, 5.0, 14.0, 32.0]
     """
-    return np.array(_EMPTY)
-
-
-def merge_evidence(totals: np.ndarray, evidence: np.ndarray) -> np.ndarray:
-    """Two calls' evidence as one call on both batches would give it."""
     merge = {"max": max, "min": min, "sum": float.__add__}
     return np.array([merge[how](float(a), float(b)) for how, a, b in zip(EVIDENCE_MERGE, totals, evidence)])
 

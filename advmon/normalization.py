@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 import numpy as np
@@ -219,7 +219,6 @@ class Verdict:
     observed: str | None  #: what the data look like (:func:`infer`), ``None`` without advantages
     ratio: float  #: ``advantages/bound_ratio``
     bound_kind: str | None  #: whose bound gave the ratio (for ``unknown`` and ``mixed``, the loosest)
-    ratios: dict[str, float] = field(default_factory=dict)  #: every kind's
     scale: float = 1.0  #: GPG's batch factor
     batch_base: float = math.nan
     reward_scale: float = math.nan
@@ -270,5 +269,5 @@ def judge(declared: Sequence[str | None], evidence: np.ndarray | None,
     else:
         judged = [(ratios[k], k) for k in _LOOSEST_OF if not math.isnan(ratios[k])]
         ratio, bound_kind = min(judged)
-    return Verdict(kind=kind, source=source, observed=observed, ratio=ratio, bound_kind=bound_kind, ratios=ratios,
+    return Verdict(kind=kind, source=source, observed=observed, ratio=ratio, bound_kind=bound_kind,
                    scale=gpg_scale(found), batch_base=batch_base(summaries), reward_scale=scale)
