@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ARGUMENT_NAME_OPTIONS",
+    "PARAMETER_NAMES",
     "ArgumentNames",
     "current_reward_functions",
     "current_slice_labels",
@@ -40,6 +41,7 @@ __all__ = [
     "scored_by",
     "sliced_by",
     "tap",
+    "unmapped_inputs",
     "watch_with",
 ]
 
@@ -95,6 +97,15 @@ class ArgumentNames:
 
 #: The options :class:`ArgumentNames` takes, as ``watch``, ``instrument`` and ``ADVMON_INSTRUMENT`` name them.
 ARGUMENT_NAME_OPTIONS = tuple(option.name for option in fields(ArgumentNames))
+
+#: The names frameworks give the inputs advmon reads (docs/api.md, "Parameter names"), first found wins, where
+#: ``watch`` keeps its default name for the input: NeMo-RL's, verl's and SkyRL's, TRL's, AReaL's, OpenRLHF's.
+PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
+    "rewards": ("rewards", "token_level_rewards", "reward", "token_level_scores", "scores"),
+    "mask": ("mask", "response_mask", "completion_mask", "loss_mask", "action_mask", "eos_mask"),
+    "groups": ("prompt_ids", "index", "uids", "uid", "group_ids", "prompt_index"),
+}
+_DEFAULT_NAMES = {field: ArgumentNames.__dataclass_fields__[field].default for field in PARAMETER_NAMES}
 
 
 @dataclass
@@ -327,14 +338,63 @@ def _bind(
         return arguments[name] if name in arguments else extra.get(name)
 
     owner = arguments.get("self", owner)
-    groups = lookup(names.groups)
-    inputs = {"rewards": lookup(names.rewards), "mask": lookup(names.mask),
+    found = {field: _parameter(field, getattr(names, field), arguments, extra) for field in PARAMETER_NAMES}
+    groups = lookup(found["groups"])
+    inputs = {"rewards": lookup(found["rewards"]), "mask": lookup(found["mask"]),
               "groups": groups if groups is not None else _GROUP_KEYS.get(),
               "slices": _slice_labels(lookup, names.slices),
               "reward_functions": _reward_functions(lookup, names.reward_functions)}
     if callable(names.normalization):  # it reads the call's own arguments (verl's norm_adv_by_std_in_grpo)
         inputs["arguments"] = {**extra, **arguments}
+    # Inputs watch() kept its default for and no parameter of the estimator holds: said once by the monitor.
+    inputs["unfound"] = tuple(field for field, name in found.items() if name is _UNFOUND)
+    if inputs["unfound"]:
+        inputs["parameters"] = tuple(name for name in signature.parameters if name != "self")
     return inputs, owner
+
+
+_UNFOUND = "<not among the estimator's parameters>"
+
+
+def unmapped_inputs(call: ActiveCall, advantages: Any) -> list[Problem]:
+    """What a watched call's statistics miss because ``watch`` kept a default name its estimator does not use.
+
+    Per-token advantages without a mask count every position, padding included; rewards without
+    groups leave the groups' statistics and the zero-std alert off. Each is a problem (said once,
+    counted), naming the estimator's parameters and the ``watch`` argument that maps them.
+
+    Example:
+        >>> import torch
+        >>> call = ActiveCall(None, "grpo", {"unfound": ("mask",), "parameters": ("rewards", "resp_mask")}, None)
+        >>> print(unmapped_inputs(call, torch.zeros(4, 16))[0].message)  # doctest: +ELLIPSIS
+        grpo returned per-token advantages [4, 16] but advmon found no mask: ... Name it with watch(mask='...')...
+    """
+    unfound, parameters = call.inputs.get("unfound", ()), ", ".join(call.inputs.get("parameters", ()))
+    problems = []
+    shape = getattr(advantages, "shape", ())
+    if "mask" in unfound and len(shape) == 2 and shape[1] > 1:
+        problems.append(Problem("no_mask", (
+            f"{call.estimator} returned per-token advantages {list(shape)} but advmon found no mask: none of its "
+            f"parameters ({parameters}) has a name it knows ({', '.join(PARAMETER_NAMES['mask'])}), so every "
+            "position counts, padding included. Name it with watch(mask='...'), or watch(mask=None) if every "
+            "position is valid")))
+    seen = call.seen
+    grouped = seen is not None and (seen.group_ids is not None or seen.group_size is not None)
+    if "groups" in unfound and seen is not None and seen.rewards is not None and not grouped:
+        problems.append(Problem("no_groups", (
+            f"{call.estimator} takes rewards but advmon found no group ids: none of its parameters ({parameters}) "
+            f"has a name it knows ({', '.join(PARAMETER_NAMES['groups'])}), so the groups' statistics and the "
+            "zero-std alert are off. Name them with watch(groups='...') or watch(group_size=G), or "
+            "watch(groups=None) if the estimator has none")))
+    return problems
+
+
+def _parameter(field: str, name: str | None, arguments: Mapping[str, Any], extra: Mapping[str, Any]) -> str | None:
+    """The parameter holding ``field``: the name given to ``watch``, or with its default the first of
+    :data:`PARAMETER_NAMES` the call has (``_UNFOUND`` if none; ``None``: the estimator has no such input)."""
+    if name is None or name != _DEFAULT_NAMES[field] or name in arguments or name in extra:
+        return name
+    return next((alias for alias in PARAMETER_NAMES[field] if alias in arguments or alias in extra), _UNFOUND)
 
 
 def _slice_labels(lookup: Callable[[str | None], Any], path: str | None) -> Any:

@@ -40,6 +40,7 @@ from advmon.hooks import (
     ArgumentNames,
     current_reward_functions,
     current_slice_labels,
+    unmapped_inputs,
     watch_with,
 )
 from advmon.hooks import instrument as _instrument
@@ -526,6 +527,7 @@ class Monitor:
             problems=call.problems,
         )
         parts.estimator_metrics = _numeric_metrics(estimator_metrics_of(result, call.owner), call.problems)
+        call.problems.extend(unmapped_inputs(call, advantages))
         return parts
 
     def _record_tap(self, call: ActiveCall, stage: str, tensor: Any, mask: Any) -> None:

@@ -134,8 +134,10 @@ def as_tensor(value: Any, name: str) -> torch.Tensor | None:
             array = None
         if array is not None and array.dtype.kind in "biuf":
             return _from_numpy(array)
+    dtype = getattr(value, "dtype", None)
     raise ObservationError(
         f"{name}_type", f"expected {name} as a tensor or numeric array, got {type(value).__name__}"
+        + (f" of {dtype}" if dtype is not None else "")
     )
 
 
@@ -273,6 +275,7 @@ class InputObservation:
     pending_slices: tuple[Any, SliceIndex] | None = None  #: labels not yet numbered (no batch size yet)
     function_nonfinite: torch.Tensor | None = None  #: per sample: reward functions that scored it NaN or Inf
     extremes: RowExtremes | None = None  #: dense advantages' row extremes, from the CPU sketch's pass
+    mask_unusable: bool = False  #: a mask was passed that is not one (its problem is reported)
 
 
 def observe_inputs(
@@ -307,6 +310,7 @@ def observe_inputs(
     seen = InputObservation(CallParts(estimator=estimator, normalization=normalization), groups=groups,
                             group_size=group_size, exemplars=exemplars, bound_factor=bound_factor)
     seen.mask = _attempt(problems, lambda: as_tensor(mask, "mask"))
+    seen.mask_unusable = mask is not None and seen.mask is None  # said already: no statistic from it
     functions = []
     for name, values in (reward_functions or {}).items():
         function = _attempt(problems, lambda values=values: as_tensor(values, "reward function values"))
@@ -393,6 +397,9 @@ def observe_output(
         parts.pre_norm_source = "tap"
     parts.stages.update({stage: list(found) for stage, found in taps.items() if found})
     advantages_t = _attempt(problems, lambda: as_tensor(advantages, "advantages"))
+    per_token = advantages_t is not None and advantages_t.dim() == 2 and advantages_t.shape[1] > 1
+    if seen.mask_unusable and per_token:
+        advantages_t = None  # counting every position would be a wrong statistic, silently
     if advantages_t is not None and "post_norm" not in parts.stages:
         seen.extremes = _wanted_extremes(seen, advantages_t)
         post = _attempt(problems, lambda: tensor_part(advantages_t, seen.mask, _expand_row_counts(seen, advantages_t),
