@@ -60,6 +60,7 @@ COMPARED_KEYS = (
     "advantages/post_norm/p50",
     "advantages/post_norm/p99",
     "advantages/post_norm/nan_count",
+    "advantages/post_norm/inf_count",
     "advantages/pre_norm/mean",
     "advantages/pre_norm/std",
     "groups/zero_std_fraction",
@@ -68,6 +69,7 @@ COMPARED_KEYS = (
     "rewards/mean",
     "rewards/std",
     "rewards/nan_count",
+    "rewards/inf_count",
 )
 #: Each slice's statistics compared (``slices/<label>/<key>``), for the slices both runs recorded.
 SLICE_KEYS = (
@@ -110,9 +112,18 @@ def rolling_rank_z(a: np.ndarray, b: np.ndarray, window: int) -> np.ndarray:
     return z
 
 
+#: Why a statistic diverged (the earliest of these decides its first step).
+REASONS = {
+    "non_finite": "NaN/Inf in one run only",
+    "magnitude": "orders of magnitude apart",
+    "from_start": "different from the start",
+    "rank": "rank test",
+}
+
+
 @dataclass
 class StatisticVerdict:
-    """One statistic: whether and where it diverged, and how strongly."""
+    """One statistic: whether and where it diverged, why, and how strongly."""
 
     key: str
     diverged: bool
@@ -120,12 +131,14 @@ class StatisticVerdict:
     max_abs_z: float
     mean_a: float  # over the whole common range
     mean_b: float
+    reason: str | None = None  #: a key of :data:`REASONS`
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "statistic": self.key,
             "diverged": self.diverged,
             "first_step": self.first_step,
+            "reason": self.reason,
             "max_abs_z": _json_number(self.max_abs_z),
             "mean_a": _json_number(self.mean_a),
             "mean_b": _json_number(self.mean_b),
@@ -205,12 +218,15 @@ class Comparison:
             strongest = max(self.statistics, key=lambda s: s.max_abs_z if math.isfinite(s.max_abs_z) else -1, default=None)
             detail = f"; largest |z| {strongest.max_abs_z:.2f} on {strongest.key}" if strongest else ""
             lines.append(f"equivalent: no statistic diverged beyond the runs' own noise{detail}")
-        lines.append(f"  {'statistic':32} {'verdict':10} {'first step':>10} {'max |z|':>8} {'mean A':>12} {'mean B':>12}")
+        lines.append(f"  {'statistic':32} {'verdict':10} {'first step':>10} {'max |z|':>8} {'mean A':>12} {'mean B':>12}"
+                     "  why")
         ordered = self.diverged_in_order() + [s for s in self.statistics if not s.diverged]
         for s in ordered:
             verdict = "DIVERGED" if s.diverged else "same"
             first = "-" if s.first_step is None else str(s.first_step)
-            lines.append(f"  {s.key:32} {verdict:10} {first:>10} {_fmt(s.max_abs_z):>8} {_fmt(s.mean_a):>12} {_fmt(s.mean_b):>12}")
+            why = REASONS[s.reason] if s.reason else ""
+            lines.append(f"  {s.key:32} {verdict:10} {first:>10} {_fmt(s.max_abs_z):>8} {_fmt(s.mean_a):>12} "
+                         f"{_fmt(s.mean_b):>12}  {why}".rstrip())
         if self.slices:
             found = self.first_slice
             if found is None:
@@ -281,14 +297,44 @@ def compare_runs(run_a: Run, run_b: Run, window: int = 20, z_threshold: float = 
             if not (np.isfinite(a).any() and np.isfinite(b).any()):
                 continue  # a statistic neither run (or only one) has
             z = rolling_rank_z(a, b, window)
-            first = _first_persistent(np.abs(z) >= z_threshold, persistence)
+            first, reason = _first_divergence(key, a, b, z, window, z_threshold, persistence)
             with np.errstate(all="ignore"):
                 max_z = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else math.nan
             verdict = StatisticVerdict(key, first is not None, None if first is None else int(steps[first]),
-                                       max_z, _mean(a), _mean(b))
+                                       max_z, _mean(a), _mean(b), reason)
             (slices if key.startswith("slices/") else verdicts).append(verdict)
             series[key] = (steps, a, b)
     return Comparison(run_a, run_b, steps, verdicts, window, z_threshold, persistence, series, slices)
+
+
+def _first_divergence(key: str, a: np.ndarray, b: np.ndarray, z: np.ndarray, window: int, z_threshold: float,
+                      persistence: int) -> tuple[int | None, str | None]:
+    """The index of a statistic's first divergence and why: the earliest of
+
+    * ``non_finite``: a NaN/Inf count that is positive in one run and 0 in the other, at the first step;
+    * ``magnitude``: a value more than 10x the other run's largest |value| over all common steps, at its
+      step (ranks make one such value count as one value; a person sees 7,428 beside 6);
+    * ``rank``: the rank test's persistent ``|z|``; when that holds from the first full window the runs
+      differ from the start, reported at the first common step (``from_start``), not ``window`` steps late.
+    """
+    found: list[tuple[int, str]] = []
+    if key.endswith(("nan_count", "inf_count")):
+        present_a, present_b = a > 0, b > 0  # a NaN count (not recorded) is neither
+        known = np.isfinite(a) & np.isfinite(b)
+        differ = np.flatnonzero(known & (present_a != present_b))
+        if differ.size:
+            found.append((int(differ[0]), "non_finite"))
+    for this, other in ((a, b), (b, a)):
+        largest = np.nanmax(np.abs(other)) if np.isfinite(other).any() else math.nan
+        if largest > 0:  # against a run that is 0 throughout, "10x" says nothing
+            with np.errstate(invalid="ignore"):
+                beyond = np.flatnonzero(np.abs(this) > 10 * largest)
+            if beyond.size:
+                found.append((int(beyond[0]), "magnitude"))
+    ranked = _first_persistent(np.abs(z) >= z_threshold, persistence)
+    if ranked is not None:
+        found.append((0, "from_start") if ranked == window - 1 else (ranked, "rank"))
+    return min(found) if found else (None, None)
 
 
 def _value(record: Any, key: str) -> float:

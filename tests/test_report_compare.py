@@ -233,6 +233,62 @@ def test_demo_runs_diverge_text_json_and_html(tmp_path, capsys):
     assert (tmp_path / "cmp.html").read_text().count("<svg") >= 10
 
 
+def _demo_runs(tmp_path):
+    from advmon.demo import DemoConfig, simulate_run
+
+    config = DemoConfig(steps=60, out=tmp_path)
+    return simulate_run("tp1", config, False), simulate_run("tp2", config, True)
+
+
+def test_tp1_and_tp2_differ_where_a_person_sees_it(tmp_path, capsys):
+    """The seeds' use case: tp2's |A| is 7,428 at step 0 and its NaN appear at step 51; ranks alone saw neither."""
+    tp1, tp2 = _demo_runs(tmp_path)
+    assert main(["compare", str(tp1), str(tp2), "--format", "json"]) == 1
+    verdict = json.loads(capsys.readouterr().out)
+    by_key = {s["statistic"]: s for s in verdict["statistics"]}
+    assert verdict["first_divergence_step"] == 0
+    assert by_key["advantages/post_norm/max"]["diverged"] and by_key["advantages/post_norm/max"]["first_step"] == 0
+    assert by_key["advantages/post_norm/max"]["reason"] == "magnitude"
+    first_nan = min(r.step for r in advmon.read_jsonl(tp2) if r.metrics["rewards/nan_count"] > 0)
+    for key in ("advantages/post_norm/nan_count", "rewards/nan_count"):
+        assert (by_key[key]["diverged"], by_key[key]["first_step"], by_key[key]["reason"]) == (True, first_nan,
+                                                                                                "non_finite"), key
+
+
+def test_a_copy_of_a_run_broken_from_step_52_diverges_at_52_not_equivalent(tmp_path, capsys):
+    """A copy of tp1 with 4,000 NaN advantages and 6 NaN rewards at every step from 52: alerts check sees two
+    criticals, and compare must not call it equivalent."""
+    from dataclasses import replace
+
+    tp1, _ = _demo_runs(tmp_path)
+    records = advmon.read_jsonl(tp1)
+    broken = []
+    for record in records:
+        metrics = dict(record.metrics)
+        if record.step >= 52:
+            metrics.update({"advantages/post_norm/nan_count": 4000.0, "rewards/nan_count": 6.0})
+        broken.append(replace(record, run="tp1-broken", metrics=metrics))
+    copy = write_jsonl(tmp_path / "tp1-broken.jsonl", broken)
+    assert main(["compare", str(tp1), str(copy)]) == 1
+    text = capsys.readouterr().out
+    assert "first divergence at step 52" in text and "NaN/Inf in one run only" in text
+    assert main(["alerts", "check", str(copy)]) == 1  # the two agree that the copy is broken
+
+
+@pytest.mark.parametrize("shift", [0.3, -0.3])
+def test_a_level_shift_present_from_step_0_differs_from_the_start(shift):
+    """Not 'first divergence at step 19': a window that needs history does not hide a difference from the start."""
+    from dataclasses import replace
+
+    a = simulate(RunSpec("grpo_binary", seed=11, steps=60))
+    b = [replace(r, metrics={**r.metrics, "rewards/mean": r.metrics["rewards/mean"] + shift})
+         for r in simulate(RunSpec("grpo_binary", seed=12, steps=60))]
+    comparison = compare_runs(Run("a", "sim", a), Run("b", "sim", b))
+    [reward] = [s for s in comparison.statistics if s.key == "rewards/mean"]
+    assert (reward.diverged, reward.first_step, reward.reason) == (True, 0, "from_start"), comparison.to_text()
+    assert "different from the start" in comparison.to_text()
+
+
 def test_compare_names_the_slice_that_diverges_first():
     """One source's reward parser breaks at step 40 (simulated): that slice diverges before the run-wide statistics."""
     from advmon.compare import compare_runs
