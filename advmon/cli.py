@@ -160,10 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(run_demo(DemoConfig(steps=args.steps, seed=args.seed, out=args.out)))
         elif args.command == "summary":
             from advmon.report import format_summary
-            from advmon.sinks.jsonl import read_jsonl
+            from advmon.sinks.jsonl import one_history, read_jsonl
 
             for path in args.files:
-                records = read_jsonl(path)
+                records = one_history(read_jsonl(path), str(path))
                 runs = sorted({r.run for r in records}) or [path.stem]
                 for run in runs:
                     print(format_summary(run, [r for r in records if r.run == run], str(path)))

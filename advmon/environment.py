@@ -23,6 +23,8 @@ instrument, so nothing in the worker's code has to change:
 ``ADVMON_EXEMPLARS``       worst groups per record (default 5; ``0``: none)
 ``ADVMON_HISTOGRAMS``      ``0``: records carry no advantage histograms (default: when a
                            sink takes them)
+``ADVMON_RESUME``          ``1``: continue the run in the JSONL file it wrote before (a job
+                           restarted from a checkpoint); by default that file is moved aside
 ``ADVMON_STRICT``          ``1``: raise advmon's own errors (tests)
 ``ADVMON_ALL_RANKS``       ``1``: record on every rank, not only rank 0
 ``ADVMON_EXIT_TIMEOUT``    seconds interpreter exit may spend delivering (default 5)
@@ -142,6 +144,7 @@ def monitor_settings(environ: Mapping[str, str] | None = None, run: str | None =
     settings["strict"] = flag(environ, "ADVMON_STRICT")
     settings["all_ranks"] = flag(environ, "ADVMON_ALL_RANKS")
     settings["per_process"] = flag(environ, "ADVMON_PER_PROCESS")
+    settings["resume"] = flag(environ, "ADVMON_RESUME")
     settings["directory"] = Path(environ.get("ADVMON_DIR") or "advmon-runs")
     return settings
 

@@ -120,6 +120,10 @@ class Monitor:
             own histogram). Default: when a sink draws or keeps them (JSONL,
             TensorBoard, W&B); ``ADVMON_HISTOGRAMS=0`` turns them off for the
             process-wide monitor.
+        resume: continue a run in the JSONL files it wrote before (a job restarted
+            from a checkpoint; ``ADVMON_RESUME=1``). By default a JSONL file that
+            already holds records is moved aside (said once) and the run starts
+            its own, so running a script twice never mixes two runs in one file.
 
     Example:
         >>> import torch, tempfile, os
@@ -154,6 +158,7 @@ class Monitor:
         exemplars: int = 5,
         max_slices: int = 16,
         histograms: bool | None = None,
+        resume: bool = False,
     ) -> None:
         if step_source is not None and not callable(step_source):
             raise AdvmonConfigError(f"step_source must be a callable returning the training step, got {step_source!r}")
@@ -177,6 +182,9 @@ class Monitor:
         if self.enabled and (reduce == "none" or self.rank == 0):
             default = jsonl_path(Path("advmon-runs"), self.run, self.rank, per_process=False)
             self.sinks = [JsonlSink(default), *sinks_from_env(self.run)] if sinks is None else checked_sinks(sinks, self.run)
+            for sink in self.sinks:  # a run started again gets a file of its own, unless it continues on purpose
+                if isinstance(sink, JsonlSink):
+                    sink.resume = sink.resume or bool(resume)
             if alerts:
                 self.sinks.append(make_alert_sink(alerts, alert_thresholds))
         self._warned: set[str] = set()

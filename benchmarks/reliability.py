@@ -138,7 +138,7 @@ def _kill_mid_run(folder: Path, runs: int = 3) -> dict[str, int]:
     script = folder / "writer.py"
     script.write_text(
         "import sys, torch, advmon\n"
-        "m = advmon.Monitor('killed', sinks=[advmon.JsonlSink(sys.argv[1])])\n"
+        "m = advmon.Monitor('killed', sinks=[advmon.JsonlSink(sys.argv[1])], resume=True)\n"  # each run resumes
         "for i in range(100000):\n"
         "    m.observe(rewards=torch.rand(64))\n"
         "    print(i, flush=True)\n"

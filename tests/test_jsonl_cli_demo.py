@@ -28,10 +28,16 @@ def test_jsonl_lines_append_flush_and_read_back(tmp_path):
         "metrics": {"a": 1.0, "b": None, "c": None},
     }
     sink.close()
-    advmon.JsonlSink(path).write(Record("r", 1, 2.0, "est", None, {"a": 2.0}))
+    advmon.JsonlSink(path, resume=True).write(Record("r", 1, 2.0, "est", None, {"a": 2.0}))  # the run goes on
     records = advmon.read_jsonl(path)
     assert [r.step for r in records] == [0, 1]
     assert records[0].metrics["a"] == 1.0 and math.isnan(records[0].metrics["b"])
+    # A new sink that does not resume is a new run: the earlier one's file is kept beside it, said once.
+    with pytest.warns(advmon.AdvmonWarning, match="held the records of an earlier run"):
+        advmon.JsonlSink(path).write(Record("r", 0, 3.0, "est", None, {"a": 3.0}))
+    assert [r.step for r in advmon.read_jsonl(path)] == [0]
+    [aside] = [p for p in path.parent.iterdir() if p != path]
+    assert [r.step for r in advmon.read_jsonl(aside)] == [0, 1]
 
 
 def test_reader_skips_damaged_lines_with_one_warning_naming_them(tmp_path):
@@ -60,7 +66,7 @@ def test_a_run_resumed_after_a_kill_mid_write_stays_readable(tmp_path):
         sink.write(Record("r", step, 0.0, "e", None, {"x": float(step)}))
     sink.close()
     path.write_bytes(path.read_bytes()[:-25])  # SIGKILL in the middle of the last line
-    resumed = advmon.JsonlSink(path)
+    resumed = advmon.JsonlSink(path, resume=True)
     for step in range(3, 5):
         resumed.write(Record("r", step, 0.0, "e", None, {"x": float(step)}))
     resumed.close()

@@ -43,7 +43,7 @@ def generate(args: argparse.Namespace) -> int:
 
 def check(files: list[Path], output: str, assignments: list[str]) -> int:
     """Evaluate the catalog over recorded runs; 1 if a critical alert fired, 2 on bad input."""
-    from advmon.sinks.jsonl import read_jsonl
+    from advmon.sinks.jsonl import one_history, read_jsonl
 
     try:
         thresholds = Thresholds.parse(assignments)
@@ -51,7 +51,7 @@ def check(files: list[Path], output: str, assignments: list[str]) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for path in files:
-                records.extend(read_jsonl(path))
+                records.extend(one_history(read_jsonl(path), str(path)))
         for warning in caught:
             print(f"advmon: warning: {warning.message}", file=sys.stderr)
     except AdvmonError as exc:

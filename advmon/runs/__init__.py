@@ -98,9 +98,9 @@ def read_run(source: str | Path) -> Run:
 
 
 def _read_jsonl_run(path: Path, wanted: str | None) -> Run:
-    from advmon.sinks.jsonl import read_jsonl
+    from advmon.sinks.jsonl import one_history, read_jsonl
 
-    records = read_jsonl(path, progress_label=f"read {path.name}")
+    records = one_history(read_jsonl(path, progress_label=f"read {path.name}"), str(path))
     runs = list(dict.fromkeys(r.run for r in records))
     if wanted is None:
         if len(runs) > 1:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
+import weakref
 from pathlib import Path
 from typing import IO
 
@@ -16,13 +18,17 @@ from advmon.errors import AdvmonConfigError, warn
 from advmon.record import Record
 from advmon.sinks.base import Sink
 
-__all__ = ["JsonlSink", "read_jsonl"]
+__all__ = ["JsonlSink", "one_history", "read_jsonl"]
 
 
 class JsonlSink(Sink):
-    """Append records to ``path`` as JSON lines, flushing each line.
+    """Write records to ``path`` as JSON lines, flushing each line.
 
-    The file (and its directory) is created on the first record.
+    The file (and its directory) is created on the first record. A file already there
+    holds another run's records (a script run again): it is moved aside, to
+    ``<name>.<its time>.jsonl``, said once, and this run starts its own file, so readers
+    never mix two runs. With ``resume=True`` (``Monitor(resume=True)``, ``ADVMON_RESUME=1``)
+    records are appended to it instead: a run continued from a checkpoint.
 
     Example:
         >>> import tempfile, os
@@ -39,10 +45,17 @@ class JsonlSink(Sink):
     histograms = True
     synchronous = True  # written first, on the training thread: the record of record
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    #: Sinks of this process with a file open: a second sink on one of their files joins it (two monitors of one
+    #: run), rather than moving it aside.
+    _writing: weakref.WeakSet[JsonlSink] = weakref.WeakSet()
+    _writing_lock = threading.Lock()
+
+    def __init__(self, path: str | os.PathLike[str], resume: bool = False) -> None:
         self.path = Path(path)
+        self.resume = bool(resume)
         self._file: IO[str] | None = None
         self._lock = threading.Lock()
+        self._started = False
 
     def write(self, record: Record) -> None:
         line = record.to_json() + "\n"
@@ -55,6 +68,13 @@ class JsonlSink(Sink):
     def _open(self) -> IO[str]:
         """Open for appending; after a process killed mid-line, start on a fresh line."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        with JsonlSink._writing_lock:
+            if not self._started:
+                self._started = True
+                shared = any(other.path.resolve() == self.path.resolve() for other in JsonlSink._writing)
+                if not self.resume and not shared and self.path.exists() and self.path.stat().st_size > 0:
+                    self._move_aside()
+            JsonlSink._writing.add(self)
         cut_short = False
         if self.path.exists() and self.path.stat().st_size > 0:
             with open(self.path, "rb") as existing:
@@ -75,6 +95,21 @@ class JsonlSink(Sink):
             if self._file is not None:
                 self._file.close()
                 self._file = None
+                with JsonlSink._writing_lock:
+                    JsonlSink._writing.discard(self)
+
+    def _move_aside(self) -> None:
+        """Keep an earlier run's file under the time it was last written, and say so once."""
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.path.stat().st_mtime))
+        aside = self.path.with_name(f"{self.path.stem}.{stamp}{self.path.suffix}")
+        number = 1
+        while aside.exists():
+            number += 1
+            aside = self.path.with_name(f"{self.path.stem}.{stamp}-{number}{self.path.suffix}")
+        self.path.rename(aside)
+        warn(f"advmon: {self.path} held the records of an earlier run of the same name; they are now in {aside}, "
+             "and this run writes a file of its own. Monitor(resume=True) (ADVMON_RESUME=1) continues a run in "
+             "its file instead")
 
     def __repr__(self) -> str:
         return f"JsonlSink({str(self.path)!r})"
@@ -122,3 +157,37 @@ def read_jsonl(path: str | os.PathLike[str], progress_label: str | None = None) 
         numbers = ", ".join(str(n) for n, _ in damaged[:10]) + (" ..." if len(damaged) > 10 else "")
         warn(f"advmon: {path}: skipped {len(damaged)} damaged line(s): {numbers}", stacklevel=2)
     return records
+
+
+def one_history(records: list[Record], source: str) -> list[Record]:
+    """Each run's one history: where a run's steps start again in a file (a run continued from a checkpoint,
+    or records appended before advmon moved earlier runs aside), the later record of each step is kept, and
+    that is said once per run, never mixed silently.
+
+    Example:
+        >>> import warnings
+        >>> records = [Record("r", step, 0.0, "e", None, {"k": float(n)}) for n, step in enumerate([0, 1, 2, 1, 2, 3])]
+        >>> with warnings.catch_warnings(record=True) as said:
+        ...     warnings.simplefilter("always")
+        ...     kept = one_history(records, "run.jsonl")
+        >>> [(r.step, r.metrics["k"]) for r in kept], len(said)
+        ([(0, 0.0), (1, 3.0), (2, 4.0), (3, 5.0)], 1)
+    """
+    latest: dict[tuple[str, int], int] = {}
+    restarts: dict[str, list[int]] = {}
+    previous: dict[str, int] = {}
+    for index, record in enumerate(records):
+        if record.run in previous and record.step <= previous[record.run]:
+            restarts.setdefault(record.run, []).append(record.step)
+        previous[record.run] = record.step
+        latest[(record.run, record.step)] = index
+    if not restarts:
+        return records
+    for run, steps in restarts.items():
+        again = sum(1 for r in records if r.run == run) - sum(1 for key in latest if key[0] == run)
+        warn(f"advmon: {source}: run {run} starts again at step {steps[0]}"
+             + (f" ({len(steps)} times)" if len(steps) > 1 else "")
+             + f", so {again} of its steps were recorded twice; the later record of each is used")
+    kept = set(latest.values())
+    return [record for index, record in enumerate(records) if index in kept]
+
