@@ -87,7 +87,8 @@ def _add_run_commands(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--out", type=Path, default=None, help="file to write (default report-<run>.html/.png)")
     report.add_argument("--format", choices=("html", "png"), default="html")
     report.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="override a threshold")
-    report.add_argument("--runbook-base", default="docs/runbooks.md", metavar="URL", help="runbooks page URL")
+    report.add_argument("--runbook-base", default="", metavar="URL",
+                        help="where the runbooks page is hosted (default: the page carries the runbooks itself)")
     compare = commands.add_parser("compare", help="do two runs diverge, where, and in which statistic first")
     compare.add_argument("run_a", help=RUN_HELP)
     compare.add_argument("run_b", help=RUN_HELP)
@@ -107,7 +108,8 @@ def _add_dashboard_commands(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--prometheus-url", default="http://127.0.0.1:9090", help="URL of the provisioned datasource")
     generate.add_argument("--selector", default="", metavar="MATCHERS", help="label matchers for every query")
     generate.add_argument("--title", default="", metavar="PREFIX", help="put before each board's title")
-    generate.add_argument("--runbook-base", default="docs/runbooks.md", metavar="URL", help="runbooks page URL")
+    generate.add_argument("--runbook-base", default="", metavar="URL",
+                          help="where the runbooks page is hosted: links to it (the advice of each alert travels anyway)")
     generate.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="override a threshold")
     preview = verbs.add_parser("preview", help="draw a board from a Prometheus's data, without Grafana")
     preview.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus that scrapes the runs")
@@ -130,7 +132,8 @@ def _add_alert_commands(commands: argparse._SubParsersAction) -> None:
     )
     generate.add_argument("--for", dest="for_", metavar="DURATION", help="pending time of every rule that waits")
     generate.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="override a threshold")
-    generate.add_argument("--runbook-base", default="docs/runbooks.md", metavar="URL", help="runbooks page URL")
+    generate.add_argument("--runbook-base", default="", metavar="URL",
+                          help="where the runbooks page is hosted: links to it (the advice of each alert travels anyway)")
     generate.add_argument("--dashboard-url", default="", metavar="URL", help="on-call dashboard URL for messages")
     generate.add_argument("--selector", default="", metavar="MATCHERS", help="label matchers for every metric, e.g. 'job=\"grpo\"'")
     generate.add_argument(

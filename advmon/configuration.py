@@ -56,7 +56,8 @@ def checked_run(run: Any) -> str:
     return run
 
 
-def make_alert_sink(alerts: Sequence[Any], thresholds: Mapping[str, float] | None) -> SinkLike:
+def make_alert_sink(alerts: Sequence[Any], thresholds: Mapping[str, float] | None, runbook_base: str = "",
+                    dashboard_url: str = "") -> SinkLike:
     from advmon.alerts.sink import AlertSink
     from advmon.sinks.specs import notifiers_from_specs
 
@@ -67,7 +68,11 @@ def make_alert_sink(alerts: Sequence[Any], thresholds: Mapping[str, float] | Non
     for notifier in objects:
         if not callable(getattr(notifier, "send", None)):
             raise AdvmonConfigError(f"{notifier!r} is not a notifier: it has no send(message) method")
-    return AlertSink([*notifiers_from_specs(specs), *objects], thresholds)
+    for name, url in (("runbook_base", runbook_base), ("dashboard_url", dashboard_url)):
+        if not isinstance(url, str):
+            raise AdvmonConfigError(f"{name} must be a URL string, got {type(url).__name__}")
+    return AlertSink([*notifiers_from_specs(specs), *objects], thresholds, runbook_base=runbook_base,
+                     dashboard_url=dashboard_url)
 
 
 def checked_sinks(sinks: Sequence[SinkLike | str], run: str) -> list[SinkLike]:

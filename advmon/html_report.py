@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advmon.alerts.evaluator import Occurrence, evaluate_records
+from advmon.alerts.runbooks import runbook_html
 from advmon.plots import PANELS, Panel, draw_distribution, draw_panel, figure_to_svg, where_panels
 from advmon.progress import Progress
-from advmon.rules import Thresholds, abs_limit, rule_named
+from advmon.rules import Thresholds, abs_limit, rule_named, runbook_link
 from advmon.runs import Run
 
 __all__ = ["AlertRow", "alert_rows", "write_page", "write_png", "write_report"]
@@ -159,7 +160,7 @@ def _alerts_table(rows: Sequence[AlertRow], runbook_base: str) -> str:
     for row in rows:
         rule = rule_named(row.alert)
         last = "still firing" if row.last_step is None else str(row.last_step)
-        link = f"{runbook_base}#{rule.runbook_anchor}"
+        link = runbook_link(runbook_base, row.alert) or f"#runbook-{rule.runbook_anchor}"  # else: on this page
         lines.append(
             f"<tr><td>{row.alert}</td><td class='{row.severity}'>{row.severity}</td><td class='num'>{row.occurrences}x</td>"
             f"<td class='num'>{row.first_step}</td><td class='num'>{last}</td><td class='num'>{_fmt(row.worst_value)}</td>"
@@ -167,6 +168,16 @@ def _alerts_table(rows: Sequence[AlertRow], runbook_base: str) -> str:
         )
     lines.append("</table>")
     return "\n".join(lines)
+
+
+def _runbooks_section(occurrences: Sequence[Occurrence]) -> str:
+    """The runbooks of the alerts that fired, on the page itself (advmon ships them): no link has to resolve."""
+    alerts = list(dict.fromkeys(o.alert for o in occurrences))
+    if not alerts:
+        return ""
+    sections = [f"<section id='runbook-{rule_named(alert).runbook_anchor}' class='runbook'><h3>{html.escape(alert)}</h3>\n"
+                f"{runbook_html(alert)}</section>" for alert in alerts]
+    return "<h2>Runbooks</h2>\n" + "\n".join(sections) + "\n"
 
 
 def _summary_table(run: Run) -> str:
@@ -237,7 +248,7 @@ def _exemplar_table(exemplars: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_report(run: Run, out: Path, thresholds: Thresholds | None = None, runbook_base: str = "docs/runbooks.md") -> Path:
+def write_report(run: Run, out: Path, thresholds: Thresholds | None = None, runbook_base: str = "") -> Path:
     """Write the HTML report of ``run`` to ``out``."""
     drilldown = where_panels(run.records)
     with Progress(f"report {run.name}", total=len(PANELS) + len(drilldown) + 2) as progress:
@@ -255,6 +266,7 @@ def write_report(run: Run, out: Path, thresholds: Thresholds | None = None, runb
         f"{_distribution_section(distribution_svgs)}\n"
         f"{_where_section(run, occurrences, where_svgs)}\n"
         f"<h2>Last and worst values</h2>\n{_summary_table(run)}\n"
+        f"{_runbooks_section(occurrences)}"
     )
     return write_page(out, f"advmon report: {run.name}", _STYLE, body)
 

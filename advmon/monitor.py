@@ -108,6 +108,9 @@ class Monitor:
             ``"wandb-alert"``) or notifier objects. Runs on a delivery thread.
         alert_thresholds: overrides of the catalog's thresholds by name
             (``{"zero_std_ratio": 0.9}``; see ``docs/alerts.md``).
+        runbook_base, dashboard_url: where your team hosts the runbooks page and the on-call
+            board, as for ``advmon alerts generate``: ``alerts`` messages link them (each
+            message carries its runbook's "Check first" either way).
         exemplars: how many of a step's worst prompt groups its record names
             (``Record.exemplars``: non-finite first, then beyond the group bound,
             then the largest |advantage|; docs/drilldown.md). 0 turns them off;
@@ -159,6 +162,8 @@ class Monitor:
         max_slices: int = 16,
         histograms: bool | None = None,
         resume: bool = False,
+        runbook_base: str = "",
+        dashboard_url: str = "",
     ) -> None:
         if step_source is not None and not callable(step_source):
             raise AdvmonConfigError(f"step_source must be a callable returning the training step, got {step_source!r}")
@@ -186,7 +191,7 @@ class Monitor:
                 if isinstance(sink, JsonlSink):
                     sink.resume = sink.resume or bool(resume)
             if alerts:
-                self.sinks.append(make_alert_sink(alerts, alert_thresholds))
+                self.sinks.append(make_alert_sink(alerts, alert_thresholds, runbook_base, dashboard_url))
         self._warned: set[str] = set()
         if histograms is not None and not isinstance(histograms, bool):
             raise AdvmonConfigError(

@@ -51,6 +51,7 @@ __all__ = [
     "Thresholds",
     "group_bound",
     "rule_named",
+    "runbook_link",
     "where",
 ]
 
@@ -990,6 +991,16 @@ def dashboard_link(base: str, run: str, started: str) -> str:
         'https://grafana.example/d/advmon-health?var-run=tp2&time=1764870000000&time.window=3600000'
     """
     return f"{base}?var-run={run}&time={started}&time.window={LINK_WINDOW_SECONDS * 1000}"
+
+
+def runbook_link(base: str, alert: str) -> str:
+    """The alert's section of the runbooks page hosted at ``base`` (``""`` without one: the text travels instead).
+
+    Example:
+        >>> runbook_link("https://wiki.example/advmon", "AdvmonNonFiniteRewards"), runbook_link("", "AdvmonNonFiniteRewards")
+        ('https://wiki.example/advmon#advmonnonfiniterewards', '')
+    """
+    return f"{base}#{alert.lower()}" if base else ""
 
 
 def rule_named(name: str) -> Rule:

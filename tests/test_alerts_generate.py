@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import yaml
 
 from advmon.alerts import AlertmanagerSettings, AlertSettings, generate, generated_files
 from advmon.alerts.alertmanager import receiver_for
+from advmon.alerts.runbooks import check_first, runbooks_text
 from advmon.cli import main
 from advmon.rules import CATALOG, SEVERITIES, Thresholds
 from tests.services import require_binary
@@ -30,13 +32,27 @@ def test_rule_names_labels_and_annotations():
     for alert in alerts:
         assert alert["alert"].startswith("Advmon") and alert["alert"][0].isupper() and "_" not in alert["alert"]
         assert alert["labels"]["severity"] in SEVERITIES
-        assert set(alert["annotations"]) == {"summary", "description", "runbook_url"}
+        # No runbooks page is hosted by default: no dead link, the runbook's "Check first" travels instead.
+        assert set(alert["annotations"]) == {"summary", "description", "check_first"}
         assert "{{" not in alert["annotations"]["summary"]  # a static sentence
         assert "$labels.run" in alert["annotations"]["description"] and "$value" in alert["annotations"]["description"]
-        assert alert["annotations"]["runbook_url"] == f"docs/runbooks.md#{alert['alert'].lower()}"
-    runbooks = (ROOT / "docs" / "runbooks.md").read_text()
+        assert alert["annotations"]["check_first"] == check_first(alert["alert"]) and len(check_first(alert["alert"])) > 20
+    shipped = runbooks_text()
     for alert in alerts:
-        assert f"## {alert['alert']}\n" in runbooks, f"no runbook section for {alert['alert']}"
+        assert f"## {alert['alert']}\n" in shipped, f"no runbook section for {alert['alert']}"
+
+
+def test_the_docs_runbooks_page_is_the_one_advmon_ships():
+    assert (ROOT / "docs" / "runbooks.md").read_text() == runbooks_text()
+    assert "alerts/runbooks.md" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["advmon"]
+
+
+def test_a_hosted_runbooks_page_is_linked_from_every_rule(tmp_path):
+    assert main(["alerts", "generate", "--out", str(tmp_path), "--runbook-base", "https://wiki.example.test/rb"]) == 0
+    group = yaml.safe_load((tmp_path / "advmon-rules.yml").read_text())["groups"][0]
+    for alert in (r for r in group["rules"] if "alert" in r):
+        assert alert["annotations"]["runbook_url"] == f"https://wiki.example.test/rb#{alert['alert'].lower()}"
 
 
 def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:

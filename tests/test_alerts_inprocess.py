@@ -129,7 +129,13 @@ def test_alert_sink_rate_limits_per_rule_and_run_and_pairs_resolutions():
     now[0] = 500.0
     sink.write(nan_record(4, 2))
     assert [(m.status, m.step) for m in notifier.messages][-1] == ("firing", 4)
-    assert notifier.messages[-1].runbook_url == "docs/runbooks.md#advmonnonfiniterewards"
+    # No runbooks page hosted: no link, the runbook's advice in the message itself.
+    assert notifier.messages[-1].runbook_url == "" and "runbook:" not in notifier.messages[-1].text
+    assert "Check first: `rewards/nan_count`" in notifier.messages[-1].text
+    hosted = AlertSink([notifier], runbook_base="https://wiki.example.test/rb")
+    hosted.write(nan_record(0, 3))
+    assert notifier.messages[-1].runbook_url == "https://wiki.example.test/rb#advmonnonfiniterewards"
+    assert "runbook: https://wiki.example.test/rb#advmonnonfiniterewards" in notifier.messages[-1].text
 
 
 def test_alert_sink_keeps_messages_when_a_notifier_fails_and_never_evaluates_twice():

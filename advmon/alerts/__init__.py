@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from advmon.alerts.alertmanager import AlertmanagerSettings, alertmanager_config
+from advmon.alerts.sink import AlertSink
 from advmon.alerts.prometheus_rules import (
     GENERATED_HEADER,
     RULES_FILE,
@@ -28,7 +29,7 @@ from advmon.alerts.prometheus_rules import (
     promtool_tests,
 )
 
-__all__ = ["AlertSettings", "AlertmanagerSettings", "generate", "generated_files"]
+__all__ = ["AlertSettings", "AlertSink", "AlertmanagerSettings", "generate", "generated_files"]
 
 ALERTMANAGER_FILE = "alertmanager.yml"
 

@@ -56,7 +56,9 @@ def _text(dashboard_url: str) -> str:
         "{{ range .Alerts }}",
         "*{{ .Annotations.summary }}*",
         "{{ .Annotations.description }}",
-        "Run: `{{ .Labels.run }}` | severity: {{ .Labels.severity }} | runbook: {{ .Annotations.runbook_url }}",
+        "Run: `{{ .Labels.run }}` | severity: {{ .Labels.severity }}"
+        "{{ if .Annotations.runbook_url }} | runbook: {{ .Annotations.runbook_url }}{{ end }}",
+        "{{ if .Annotations.check_first }}Check first: {{ .Annotations.check_first }}{{ end }}",
     ]
     if dashboard_url:
         # The alert's own start, in Unix milliseconds: the board opens on that moment.

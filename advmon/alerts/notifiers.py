@@ -44,10 +44,11 @@ class AlertMessage:
     value: float
     summary: str
     description: str
-    runbook_url: str
+    runbook_url: str  #: ``""`` where no runbooks page is hosted (``check_first`` travels instead)
     dashboard_url: str = ""
     where: str = ""  #: the groups and slices the firing step points at
     time: float = 0.0  #: Unix time of the record the alert fired on (the dashboard link centres on it)
+    check_first: str = ""  #: the alert's runbook's "Check first", shipped with advmon
 
     @property
     def dashboard_link(self) -> str:
@@ -66,7 +67,8 @@ class AlertMessage:
             f"*{self.summary}*",
             self.description if self.status == "firing" else f"Resolved at step {self.step}. {self.description}",
             *([f"Where: {self.where}"] if self.where and self.status == "firing" else []),
-            f"Run: `{self.run}` | severity: {self.severity} | runbook: {self.runbook_url}",
+            f"Run: `{self.run}` | severity: {self.severity}" + (f" | runbook: {self.runbook_url}" if self.runbook_url else ""),
+            *([f"Check first: {self.check_first}"] if self.check_first and self.status == "firing" else []),
         ]
         if self.dashboard_url:
             lines.append(f"Dashboard: {self.dashboard_link}")

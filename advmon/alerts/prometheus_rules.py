@@ -32,7 +32,9 @@ from advmon.rules import (
     format_number,
     group_bound,
     recording_rules,
+    runbook_link,
 )
+from advmon.alerts.runbooks import check_first
 
 __all__ = ["AlertSettings", "dump_yaml", "prometheus_rules", "promtool_tests", "series_from_records"]
 
@@ -52,7 +54,8 @@ class AlertSettings:
         for_seconds: if set, the ``for:`` of every rule that waits, instead of
             ``(for_records - 1) x interval``.
         selector: label matchers added to every metric (``job="grpo"``).
-        runbook_base: URL of the runbooks page; each alert links ``#<alertname lowercased>``.
+        runbook_base: URL where the runbooks page is hosted; each alert then links ``#<alertname lowercased>``
+            (``runbook_url``). Without one, each alert carries its runbook's "Check first" (``check_first``).
         dashboard_url: URL of the on-call dashboard (added to annotations and Slack).
     """
 
@@ -60,7 +63,7 @@ class AlertSettings:
     interval_seconds: float = 60.0
     for_seconds: float | None = None
     selector: str = ""
-    runbook_base: str = "docs/runbooks.md"
+    runbook_base: str = ""
     dashboard_url: str = ""
 
     @property
@@ -112,8 +115,10 @@ class AlertSettings:
         annotations = {
             "summary": rule.summary,
             "description": description,
-            "runbook_url": f"{self.runbook_base}#{rule.runbook_anchor}",
+            "check_first": check_first(rule.name),
         }
+        if self.runbook_base:
+            annotations["runbook_url"] = runbook_link(self.runbook_base, rule.name)
         if self.dashboard_url:
             annotations["dashboard_url"] = self.dashboard_url
         return annotations

@@ -32,7 +32,8 @@ from typing import Any
 
 from advmon.alerts.evaluator import AlertEvaluator, AlertEvent
 from advmon.alerts.notifiers import AlertMessage, Notifier
-from advmon.rules import Thresholds, rule_named
+from advmon.alerts.runbooks import check_first
+from advmon.rules import Thresholds, rule_named, runbook_link
 from advmon.sinks.base import Sink
 
 __all__ = ["AlertSink"]
@@ -48,7 +49,8 @@ class AlertSink(Sink):
             :class:`~advmon.alerts.notifiers.WandbAlertNotifier`).
         thresholds: overrides of the catalog's thresholds, by name.
         min_interval: seconds between two firing messages of one rule and run.
-        runbook_base, dashboard_url: links put in every message.
+        runbook_base, dashboard_url: where the runbooks page and the on-call board are hosted: links in every
+            message (each message carries its runbook's "Check first" either way).
     """
 
     name = "alerts"
@@ -62,7 +64,7 @@ class AlertSink(Sink):
         thresholds: Mapping[str, float] | Thresholds | None = None,
         *,
         min_interval: float = 600.0,
-        runbook_base: str = "docs/runbooks.md",
+        runbook_base: str = "",
         dashboard_url: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -121,10 +123,11 @@ class AlertSink(Sink):
             value=event.value,
             summary=event.summary,
             description=event.description,
-            runbook_url=f"{self.runbook_base}#{rule.runbook_anchor}",
+            runbook_url=runbook_link(self.runbook_base, rule.name),
             dashboard_url=self.dashboard_url,
             where=event.where,
             time=event.time,
+            check_first=check_first(rule.name),
         )
 
     def _deliver(self) -> None:

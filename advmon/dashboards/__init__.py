@@ -34,7 +34,8 @@ class DashboardSettings:
     prometheus_url: where that datasource points.
     selector: extra label matchers for every query (``job="grpo"``).
     title_prefix: put before each board's title (``"Team A / "``).
-    runbook_base: the runbooks page linked from alert panels.
+    runbook_base: where the runbooks page is hosted, linked from alert panels (none without one: each panel's
+        description says what its red means).
     dashboards_path: where Grafana finds the JSON files (the provider's path).
     """
 
@@ -42,7 +43,7 @@ class DashboardSettings:
     prometheus_url: str = "http://127.0.0.1:9090"
     selector: str = ""
     title_prefix: str = ""
-    runbook_base: str = "docs/runbooks.md"
+    runbook_base: str = ""
     dashboards_path: str = "/var/lib/grafana/dashboards/advmon"
     thresholds: Thresholds = field(default_factory=Thresholds.with_overrides)
 

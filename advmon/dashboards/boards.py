@@ -8,7 +8,15 @@ the alert fires: one source, never two copies of a number.
 from __future__ import annotations
 
 from advmon.dashboards.build import Board, BoardContext, PanelSpec, Query, Row, ThresholdStep, Variable
-from advmon.rules import POST_MEAN_MEDIAN, PRE_STD_MEDIAN, REWARD_MEAN_MEDIAN, PromContext, Thresholds, format_number
+from advmon.rules import (
+    POST_MEAN_MEDIAN,
+    PRE_STD_MEDIAN,
+    REWARD_MEAN_MEDIAN,
+    PromContext,
+    Thresholds,
+    format_number,
+    runbook_link,
+)
 
 __all__ = ["compare_board", "health_board"]
 
@@ -33,10 +41,10 @@ class _Metrics:
 
 
 def _runbook(runbook_base: str, alert: str) -> tuple[str, str]:
-    return (f"Runbook: {alert}", f"{runbook_base}#{alert.lower()}")
+    return (f"Runbook: {alert}", runbook_link(runbook_base, alert))
 
 
-def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: str = "docs/runbooks.md") -> Board:
+def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: str = "") -> Board:
     """The on-call board: per selected run, is the estimator healthy, what fires, why."""
     m = _Metrics(context, 'job=~"$job"', 'run=~"$run"')
     t = thresholds
@@ -304,7 +312,7 @@ _COMPARED = (
 )
 
 
-def compare_board(context: BoardContext, thresholds: Thresholds, runbook_base: str = "docs/runbooks.md") -> Board:
+def compare_board(context: BoardContext, thresholds: Thresholds, runbook_base: str = "") -> Board:
     """Two runs of one recipe (TP=1 vs TP=2, before vs after), overlaid, with their difference."""
     a = _Metrics(context, 'job=~"$job"', 'run="$run_a"')
     b = _Metrics(context, 'job=~"$job"', 'run="$run_b"')

@@ -123,7 +123,8 @@ class Board:
             timezone="browser",
             panels=_layout(self.rows),
             templating=g.Templating(list=[_datasource_variable(context), *(_variable(v) for v in self.variables)]),
-            links=[g.DashboardLink(title=title, uri=url, type="link", targetBlank=True) for title, url in self.links],
+            # A link without a URL (no hosted runbooks page) is left out.
+            links=[g.DashboardLink(title=title, uri=url, type="link", targetBlank=True) for title, url in self.links if url],
         )
         data = json.loads(json.dumps(dashboard.to_json_data(), cls=DashboardEncoder))
         data["annotations"] = {"list": [_builtin_annotation(), *self.annotations]}
@@ -201,7 +202,7 @@ def _panel(spec: PanelSpec, position: g.GridPos, panel_id: int) -> Any:
         g.Target(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + i), instant=q.instant)
         for i, q in enumerate(spec.queries)
     ]
-    links = [{"title": title, "url": url, "targetBlank": True} for title, url in spec.links]
+    links = [{"title": title, "url": url, "targetBlank": True} for title, url in spec.links if url]
     common = dict(
         title=spec.title, description=spec.description, dataSource="${datasource}", targets=targets,
         gridPos=position, id=panel_id, links=links,
