@@ -12,21 +12,38 @@
 * ``advmon compare RUN_A RUN_B``: do two runs diverge, where, and in what (exit 1 if so).
 * ``advmon dashboards generate|preview``: Grafana boards, and pictures of them.
 
-A RUN is a JSONL file (``FILE#RUN`` for one of several), ``mlflow+TRACKING_URI#RUN``
-or a W&B offline run directory; see :mod:`advmon.runs`.
+A RUN is a JSONL file (``FILE#RUN`` for one of several), ``mlflow+TRACKING_URI#RUN``,
+a W&B offline run directory or ``tb+DIR``; see :mod:`advmon.runs`. ``summary`` and
+``alerts check`` also take a directory of JSONL files (every run in it).
+
+One convention for every command: exit code 0 when all is well, 1 for a finding (a
+critical alert fired, two runs diverge, records could not be delivered), 2 for input
+advmon cannot use (a missing or empty file, an unknown threshold, a package that is
+not installed); problems are one line on stderr, ``advmon: error: ...`` or
+``advmon: warning: ...``, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from advmon.errors import AdvmonError
+from advmon.runs import SOURCE_FORMS
 from advmon.sinks.specs import SPEC_FORMS
 
-__all__ = ["entry_point", "main"]
+__all__ = ["BAD_INPUT", "FINDING", "OK", "entry_point", "main"]
+
+#: Exit codes, the same for every command.
+OK, FINDING, BAD_INPUT = 0, 1, 2
+
+#: The extra that installs each optional module a command may need.
+EXTRAS = {"prometheus_client": "prometheus", "wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard",
+          "grafanalib": "dashboards", "matplotlib": "dashboards"}
 
 
 def _positive_int(text: str) -> int:
@@ -50,7 +67,14 @@ def _non_negative_int(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="advmon", description="Advantage monitoring for RL training of LLMs.")
+    from advmon import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="advmon", description="Advantage monitoring for RL training of LLMs.",
+        epilog="Exit codes: 0 all is well, 1 a finding (a critical alert fired, runs diverge, records not "
+               "delivered), 2 input advmon cannot use. RUN sources: " + SOURCE_FORMS + ".",
+    )
+    parser.add_argument("--version", action="version", version=f"advmon {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="simulate a stable and an unstable GRPO run and summarise them")
@@ -61,11 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=_non_negative_int, default=9464, help="port for --serve (default 9464, 0: free)")
     demo.add_argument("--step-seconds", type=float, default=5.0, help="seconds per step with --serve (default 5)")
 
-    summary = commands.add_parser("summary", help="summarise advmon JSONL files")
-    summary.add_argument("files", nargs="+", type=Path, help="JSONL files written by advmon")
+    summary = commands.add_parser("summary", help="last and worst values of recorded runs, and when instability began")
+    summary.add_argument("sources", nargs="+", metavar="RUN", help=RUNS_HELP)
 
-    replay = commands.add_parser("replay", help="send the records of a JSONL file to sinks")
-    replay.add_argument("file", type=Path, help="JSONL file written by advmon")
+    replay = commands.add_parser("replay", help="send the records of a JSONL file to sinks (exit 1 if some could not be)")
+    replay.add_argument("file", type=Path, help="a JSONL file written by advmon")
     replay.add_argument(
         "--to", dest="specs", action="append", required=True, metavar="SPEC",
         help="sink spec, repeatable: " + SPEC_FORMS,
@@ -78,13 +102,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-RUN_HELP = "a JSONL file (FILE#RUN for one of several), mlflow+TRACKING_URI#RUN_ID_OR_NAME, or a W&B offline run dir"
+RUN_HELP = "one run: " + SOURCE_FORMS
+RUNS_HELP = "runs: " + SOURCE_FORMS + ", or a directory of JSONL files (every run in it)"
 
 
 def _add_run_commands(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser("report", help="an HTML page (or PNG) about a recorded run")
     report.add_argument("run", help=RUN_HELP)
-    report.add_argument("--out", type=Path, default=None, help="file to write (default report-<run>.html/.png)")
+    report.add_argument("--out", type=Path, default=None,
+                        help="file to write (default report-<run>.html/.png beside the run's file; "
+                             "in the current directory for an MLflow run)")
     report.add_argument("--format", choices=("html", "png"), default="html")
     report.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="override a threshold")
     report.add_argument("--runbook-base", default="", metavar="URL",
@@ -141,53 +168,83 @@ def _add_alert_commands(commands: argparse._SubParsersAction) -> None:
         help="file Alertmanager reads the Slack webhook URL from (default /etc/alertmanager/secrets/slack-webhook-url)",
     )
     generate.add_argument("--slack-channel", default="", metavar="CHANNEL", help="Slack channel override")
-    check = verbs.add_parser("check", help="evaluate the alert catalog over recorded JSONL runs")
-    check.add_argument("files", nargs="+", type=Path, help="JSONL files written by advmon")
+    check = verbs.add_parser("check", help="evaluate the alert catalog over recorded runs (exit 1 if a critical fired)")
+    check.add_argument("sources", nargs="+", metavar="RUN", help=RUNS_HELP)
     check.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     check.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE", help="override a threshold")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI and return its exit code (0 ok, 1 advmon error, 2 usage error)."""
-    args = _parser().parse_args(argv)
-    try:
-        if args.command == "demo":
-            from advmon.demo import DemoConfig, run_demo
+    """Run the CLI and return its exit code: :data:`OK`, :data:`FINDING` or :data:`BAD_INPUT`.
 
-            if args.serve:
-                from advmon.demo import serve_demo
+    Example:
+        >>> main(["alerts", "check", "no-such-run.jsonl"])  # says "advmon: error: ..." on stderr
+        2
+    """
+    args = _parser().parse_args(argv)  # a usage error: argparse prints the usage and exits 2
+    with _warnings_as_lines():
+        try:
+            return COMMANDS[args.command](args)
+        except ModuleNotFoundError as exc:
+            extra = EXTRAS.get((exc.name or "").partition(".")[0])
+            hint = f": pip install 'advmon[{extra}]'" if extra else ""
+            return _error(f"{exc.name} is not installed{hint}")
+        except (AdvmonError, OSError) as exc:
+            return _error(str(exc))
 
-                serve_demo(DemoConfig(steps=args.steps, seed=args.seed, out=args.out), port=args.port,
-                           step_seconds=args.step_seconds)
-                return 0
-            print(run_demo(DemoConfig(steps=args.steps, seed=args.seed, out=args.out)))
-        elif args.command == "summary":
-            from advmon.report import format_summary
-            from advmon.sinks.jsonl import one_history, read_jsonl
 
-            for path in args.files:
-                records = one_history(read_jsonl(path), str(path))
-                runs = sorted({r.run for r in records}) or [path.stem]
-                for run in runs:
-                    print(format_summary(run, [r for r in records if r.run == run], str(path)))
-        elif args.command == "replay":
-            return _replay(args.file, args.specs, args.since_step, args.retries)
-        elif args.command == "alerts":
-            from advmon.alerts.cli import check, generate
+def _error(message: str) -> int:
+    from advmon.redact import scrub
 
-            if args.alerts_command == "generate":
-                return generate(args)
-            return check(args.files, args.format, args.threshold)
-        elif args.command == "dashboards":
-            return _dashboards(args)
-        elif args.command in ("report", "compare"):
-            return _run_command(args)
-    except (AdvmonError, OSError, ModuleNotFoundError) as exc:
-        from advmon.redact import scrub
+    print(f"advmon: error: {_unprefixed(scrub(message))}", file=sys.stderr)
+    return BAD_INPUT
 
-        print(f"advmon: error: {scrub(str(exc))}", file=sys.stderr)
-        return 1
-    return 0
+
+def _unprefixed(message: str) -> str:
+    """advmon's messages start with ``advmon:`` where they reach a log; the CLI says it once."""
+    return message.removeprefix("advmon: ")
+
+
+@contextmanager
+def _warnings_as_lines() -> Iterator[None]:
+    """Every warning a command raises is one ``advmon: warning: ...`` line on stderr, said when it happens."""
+    from advmon.redact import scrub
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001 - warnings' API
+        print(f"advmon: warning: {_unprefixed(scrub(str(message)))}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = show
+        yield
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from advmon.demo import DemoConfig, run_demo, serve_demo
+
+    config = DemoConfig(steps=args.steps, seed=args.seed, out=args.out)
+    if args.serve:
+        serve_demo(config, port=args.port, step_seconds=args.step_seconds)
+    else:
+        print(run_demo(config))
+    return OK
+
+
+def _summary(args: argparse.Namespace) -> int:
+    from advmon.report import format_summary
+    from advmon.runs import read_runs
+
+    runs = [run for source in args.sources for run in read_runs(source)]
+    print("\n\n".join(format_summary(run.name, run.records, run.source) for run in runs))
+    return OK
+
+
+def _alerts(args: argparse.Namespace) -> int:
+    from advmon.alerts.cli import check, generate
+
+    if args.alerts_command == "generate":
+        return generate(args)
+    return check(args.sources, args.format, args.threshold)
 
 
 def redact_spec(spec: str) -> str:
@@ -201,13 +258,18 @@ def redact_spec(spec: str) -> str:
 def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
     from advmon.emitter import DeliveryPolicy, attach_sink, write_with_retries
     from advmon.redact import remember_secrets, scrub
-    from advmon.sinks.jsonl import read_jsonl
+    from advmon.runs import read_runs
     from advmon.sinks.specs import parse_spec, sink_from_spec
 
     for spec in specs:
         parse_spec(spec)
         remember_secrets(spec.partition(":")[2])
-    records = [r for r in read_jsonl(path) if r.step >= since_step]
+    if path.is_dir():
+        files = sorted(path.glob("*.jsonl"))
+        example = f", e.g. {files[0]}" if files else ""
+        raise AdvmonError(f"{path} is a directory: replay sends one JSONL file, pass one of its files{example}")
+    # The records a reader of the file sees: where a run's steps start again, the later record of each step.
+    records = [r for run in read_runs(path) for r in run.records if r.step >= since_step]
     policy = DeliveryPolicy(retries=retries)
     failed = 0
     for spec in specs:
@@ -224,57 +286,55 @@ def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
                     sent += 1
                 else:
                     failed += 1
-                    print(scrub(f"advmon: step {record.step}: {type(error).__name__}: {error}"), file=sys.stderr)
+                    print(scrub(f"advmon: warning: step {record.step} of run {run} not sent: {type(error).__name__}: "
+                                f"{error}"), file=sys.stderr)
             close = getattr(sink, "close", None)
             if callable(close):
                 close()
             print(f"replayed {sent} record(s) of run {run} to {redact_spec(spec)}")
     if failed:
-        print(f"advmon: error: {failed} record(s) could not be sent", file=sys.stderr)
-        return 1
-    return 0
+        print(f"advmon: error: {failed} record(s) could not be sent; they stay in {path}: run the replay again",
+              file=sys.stderr)
+        return FINDING
+    return OK
 
 
-def _run_command(args: argparse.Namespace) -> int:
-    """``report`` and ``compare``: bad input is one line and exit code 2."""
-    import warnings
-
+def _report(args: argparse.Namespace) -> int:
+    from advmon.html_report import write_png, write_report
     from advmon.rules import Thresholds
+    from advmon.runs import read_run
 
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            if args.command == "report":
-                from advmon.html_report import write_png, write_report
-                from advmon.runs import read_run
+    thresholds = Thresholds.parse(args.threshold)
+    run = read_run(args.run)
+    out = args.out or default_report_path(run, args.format)
+    if args.format == "png":
+        write_png(run, out, thresholds)
+        print(f"wrote {out}")
+    else:
+        write_report(run, out, thresholds, args.runbook_base)
+        print(f"wrote {out}: open it in a browser")
+    return OK
 
-                run = read_run(args.run)
-                thresholds = Thresholds.parse(args.threshold)
-                out = args.out or Path(f"report-{run.name}.{args.format}")
-                if args.format == "png":
-                    write_png(run, out, thresholds)
-                else:
-                    write_report(run, out, thresholds, args.runbook_base)
-                print(f"wrote {out}: open it in a browser" if args.format == "html" else f"wrote {out}")
-                code = 0
-            else:
-                from advmon.compare import compare_runs, write_comparison_html
-                from advmon.runs import read_run
 
-                comparison = compare_runs(read_run(args.run_a), read_run(args.run_b), args.window, args.z,
-                                          args.persistence)
-                print(comparison.to_json() if args.format == "json" else comparison.to_text())
-                if args.html is not None:
-                    write_comparison_html(comparison, args.html)
-                    if args.format == "text":
-                        print(f"wrote {args.html}")
-                code = 1 if comparison.diverged else 0
-        for warning in caught:
-            print(f"advmon: warning: {warning.message}", file=sys.stderr)
-        return code
-    except (AdvmonError, OSError) as exc:
-        print(f"advmon: error: {exc}", file=sys.stderr)
-        return 2
+def default_report_path(run, suffix: str) -> Path:  # noqa: ANN001 - a runs.Run
+    """``report-<run>.<suffix>`` beside the run's file (as ``advmon demo`` writes it); for an MLflow run, here."""
+    source = run.source.removeprefix("tb+")
+    if source.startswith("mlflow+"):
+        return Path(f"report-{run.name}.{suffix}")
+    return Path(source).parent / f"report-{run.name}.{suffix}"
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from advmon.compare import compare_runs, write_comparison_html
+    from advmon.runs import read_run
+
+    comparison = compare_runs(read_run(args.run_a), read_run(args.run_b), args.window, args.z, args.persistence)
+    print(comparison.to_json() if args.format == "json" else comparison.to_text())
+    if args.html is not None:
+        write_comparison_html(comparison, args.html)
+        if args.format == "text":
+            print(f"wrote {args.html}")
+    return FINDING if comparison.diverged else OK
 
 
 def _dashboards(args: argparse.Namespace) -> int:
@@ -288,7 +348,7 @@ def _dashboards(args: argparse.Namespace) -> int:
         )
         for path in generate(args.out, settings):
             print(f"wrote {path}")
-        return 0
+        return OK
     from advmon.dashboards.preview import render_board
 
     settings = DashboardSettings()
@@ -297,7 +357,14 @@ def _dashboards(args: argparse.Namespace) -> int:
     values = {"job": args.job, "run": args.run, "run_a": args.run[0], "run_b": args.run_b or args.run[-1], "shift_a": ""}
     out = render_board(board, args.prometheus, values, args.out, range_seconds=parse_duration(args.range))
     print(f"wrote {out}")
-    return 0
+    return OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "demo": _demo, "summary": _summary, "replay": lambda args: _replay(args.file, args.specs, args.since_step,
+                                                                        args.retries),
+    "alerts": _alerts, "dashboards": _dashboards, "report": _report, "compare": _compare,
+}
 
 
 def entry_point() -> None:

@@ -114,11 +114,11 @@ def test_alertmanager_config_is_valid_and_routes_each_severity(tmp_path):
 
 
 def test_thresholds_are_validated_with_clear_messages(capsys):
-    assert main(["alerts", "generate", "--out", "/tmp/x", "--threshold", "nope=1"]) == 1
+    assert main(["alerts", "generate", "--out", "/tmp/x", "--threshold", "nope=1"]) == 2
     assert "unknown threshold 'nope'" in capsys.readouterr().err
-    assert main(["alerts", "generate", "--out", "/tmp/x", "--threshold", "zero_std_ratio=abc"]) == 1
+    assert main(["alerts", "generate", "--out", "/tmp/x", "--threshold", "zero_std_ratio=abc"]) == 2
     assert "must be a number" in capsys.readouterr().err
-    assert main(["alerts", "generate", "--out", "/tmp/x", "--interval", "soon"]) == 1
+    assert main(["alerts", "generate", "--out", "/tmp/x", "--interval", "soon"]) == 2
     assert "expected a duration" in capsys.readouterr().err
     with pytest.raises(Exception, match="positive whole number"):
         Thresholds.with_overrides({"trailing_records": 2.5})

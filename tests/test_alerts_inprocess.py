@@ -78,10 +78,11 @@ def test_check_cli_json_and_exit_codes(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == []
     assert main(["alerts", "check", str(healthy), str(broken), "--format", "json"]) == 1
     found = json.loads(capsys.readouterr().out)
-    keys = {"run", "alert", "severity", "fired_step", "resolved_step", "value", "labels", "where"}
+    keys = {"run", "source", "alert", "severity", "fired_step", "resolved_step", "value", "labels", "where"}
     assert found and all(set(o) == keys for o in found)
     first = next(o for o in found if o["alert"] == "AdvmonNonFiniteRewards")
     assert first["run"] == "nan_rewards-s1" and first["fired_step"] == 20 and first["severity"] == "critical"
+    assert first["source"] == str(broken)  # which file: two files may hold runs of one name
     assert isinstance(first["value"], float) and first["value"] >= 1
     # Text output names the alert and its step; a critical alert still means exit 1.
     assert main(["alerts", "check", str(broken), "--threshold", "zero_std_ratio=0.5"]) == 1

@@ -204,7 +204,7 @@ def test_preview_says_when_prometheus_is_unreachable(tmp_path, capsys):
     port = free_port()
     code = main(["dashboards", "preview", "--prometheus", f"http://127.0.0.1:{port}", "--run", "x",
                  "--out", str(tmp_path / "x.png")])
-    assert code == 1
+    assert code == 2
     assert "cannot query Prometheus" in capsys.readouterr().err
 
 

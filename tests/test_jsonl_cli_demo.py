@@ -52,7 +52,7 @@ def test_reader_skips_damaged_lines_with_one_warning_naming_them(tmp_path):
     path.write_text("not json\n{}\n")
     with pytest.raises(advmon.AdvmonConfigError, match="run.jsonl:1"):
         advmon.read_jsonl(path)
-    with pytest.raises(advmon.AdvmonConfigError, match="cannot read"):
+    with pytest.raises(advmon.AdvmonConfigError, match="missing.jsonl: no such file or directory"):
         advmon.read_jsonl(tmp_path / "missing.jsonl")
 
 
@@ -107,9 +107,9 @@ def test_cli_demo_and_summary(tmp_path, capsys):
 
 
 def test_cli_errors_are_one_clear_line(tmp_path, capsys):
-    assert main(["summary", str(tmp_path / "missing.jsonl")]) == 1
+    assert main(["summary", str(tmp_path / "missing.jsonl")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("advmon: error: cannot read") and err.count("\n") == 1
+    assert err == f"advmon: error: {tmp_path / 'missing.jsonl'}: no such file or directory\n"
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--steps", "0"])
     assert exit_info.value.code == 2

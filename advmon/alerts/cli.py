@@ -5,21 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
-import warnings
-from pathlib import Path
 
 from advmon.alerts import generate as write_files
 from advmon.alerts.alertmanager import AlertmanagerSettings
 from advmon.alerts.evaluator import Occurrence, evaluate_records
 from advmon.alerts.prometheus_rules import AlertSettings
-from advmon.errors import AdvmonConfigError, AdvmonError
+from advmon.errors import AdvmonConfigError
 from advmon.rules import Thresholds, parse_duration
+from advmon.runs import Run
 
 __all__ = ["check", "format_occurrences", "generate"]
 
-#: Exit codes of ``advmon alerts check``.
-OK, CRITICAL, BAD_INPUT = 0, 1, 2
+#: Exit codes of ``advmon alerts check`` (the CLI's convention: a critical alert is a finding).
+OK, CRITICAL = 0, 1
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -41,39 +39,31 @@ def generate(args: argparse.Namespace) -> int:
     return OK
 
 
-def check(files: list[Path], output: str, assignments: list[str]) -> int:
-    """Evaluate the catalog over recorded runs; 1 if a critical alert fired, 2 on bad input."""
-    from advmon.sinks.jsonl import one_history, read_jsonl
+def check(sources: list[str], output: str, assignments: list[str]) -> int:
+    """Evaluate the catalog over recorded runs: 1 if a critical alert fired, else 0.
 
-    try:
-        thresholds = Thresholds.parse(assignments)
-        records = []
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for path in files:
-                records.extend(one_history(read_jsonl(path), str(path)))
-        for warning in caught:
-            print(f"advmon: warning: {warning.message}", file=sys.stderr)
-    except AdvmonError as exc:
-        print(f"advmon: error: {exc}", file=sys.stderr)
-        return BAD_INPUT
-    if not records:
-        print(f"advmon: error: no records in {', '.join(map(str, files))}", file=sys.stderr)
-        return BAD_INPUT
-    occurrences = evaluate_records(records, thresholds)
+    Raises:
+        AdvmonError: a source cannot be read or a threshold is unknown (the CLI's exit code 2).
+    """
+    from advmon.runs import read_runs
+
+    thresholds = Thresholds.parse(assignments)
+    runs = [run for source in sources for run in read_runs(source)]
+    found = [(run, evaluate_records(run.records, thresholds)) for run in runs]
     if output == "json":
-        print(json.dumps([o.to_dict() for o in occurrences], indent=2))
+        print(json.dumps([{**o.to_dict(), "source": run.source} for run, occurrences in found for o in occurrences],
+                         indent=2))
     else:
-        print(format_occurrences(occurrences, sorted({r.run for r in records})))
-    return CRITICAL if any(o.severity == "critical" for o in occurrences) else OK
+        print(format_occurrences(found))
+    critical = any(o.severity == "critical" for _, occurrences in found for o in occurrences)
+    return CRITICAL if critical else OK
 
 
-def format_occurrences(occurrences: list[Occurrence], runs: list[str]) -> str:
-    """When each alert fired and resolved, run by run."""
+def format_occurrences(found: list[tuple[Run, list[Occurrence]]]) -> str:
+    """When each alert fired and resolved, run by run (each named with the file it came from)."""
     lines = []
-    for run in runs:
-        mine = [o for o in occurrences if o.run == run]
-        lines.append(f"run {run}: {len(mine)} alert(s)" if mine else f"run {run}: no alerts")
+    for run, mine in found:
+        lines.append(f"run {run.name} ({run.source}): " + (f"{len(mine)} alert(s)" if mine else "no alerts"))
         for o in mine:
             resolved = f"resolved at step {o.resolved_step}" if o.resolved_step is not None else "still firing"
             value = "-" if not math.isfinite(o.value) else f"{o.value:.4g}"

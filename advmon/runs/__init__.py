@@ -33,7 +33,11 @@ from pathlib import Path
 from advmon.errors import AdvmonConfigError
 from advmon.record import Record
 
-__all__ = ["Run", "RunSourceError", "read_run"]
+__all__ = ["Run", "RunSourceError", "SOURCE_FORMS", "read_run", "read_runs"]
+
+#: The forms a run's source takes, as the CLI's help lists them.
+SOURCE_FORMS = ("FILE.jsonl (FILE.jsonl#RUN for one of several runs in it), mlflow+TRACKING_URI#RUN_ID_OR_NAME, "
+                "a W&B offline run directory (wandb/offline-run-...) or its .wandb file, tb+DIR (TensorBoard event files)")
 
 #: Key prefixes that are advmon's (other keys of a shared W&B/MLflow run are the trainer's).
 ADVMON_PREFIXES = ("rewards/", "advantages/", "groups/", "estimator/", "advmon/")
@@ -90,24 +94,95 @@ def read_run(source: str | Path) -> Run:
     path = Path(path_text)
     if not path.exists():
         raise RunSourceError(f"{path}: no such file or directory")
-    if path.is_dir() or path.suffix == ".wandb":
+    if path.is_dir():
+        return _checked(_read_directory_run(path), text)
+    if path.suffix == ".wandb":
         from advmon.runs.wandb import read_wandb_run
 
         return _checked(read_wandb_run(path), text)
     return _checked(_read_jsonl_run(path, wanted or None), text)
 
 
-def _read_jsonl_run(path: Path, wanted: str | None) -> Run:
+def read_runs(source: str | Path) -> list[Run]:
+    """Every run a source holds: each run of a JSONL file, each of a directory's JSONL files, else :func:`read_run`'s one.
+
+    What ``advmon summary`` and ``advmon alerts check`` read: ``advmon-runs/`` means
+    every run in it, a file of several runs means all of them.
+
+    Raises:
+        RunSourceError: the source is missing, unreadable, holds no run, or holds no records.
+    """
+    text = str(source)
+    path = Path(text)
+    if text.startswith(("tb+", "mlflow+")) or "#" in text or not path.is_dir() and path.suffix == ".wandb":
+        return [read_run(text)]
+    if not path.exists():
+        raise RunSourceError(f"{path}: no such file or directory")
+    if path.is_dir():
+        files = sorted(path.glob("*.jsonl"))
+        if not files:
+            return [read_run(text)]  # a W&B run directory, or the sentence that says what to pass
+        return _runs_of_files(path, files)
+    records = _read_jsonl_records(path)
+    names = dict.fromkeys(r.run for r in records)
+    return [Run(name, str(path), sorted((r for r in records if r.run == name), key=lambda r: r.step)) for name in names]
+
+
+def _runs_of_files(directory: Path, files: list[Path]) -> list[Run]:
+    """Every run of a directory's JSONL files; an empty file (a run that died before its first record) is skipped."""
+    from warnings import warn
+
+    runs: list[Run] = []
+    for file in files:
+        try:
+            runs.extend(read_runs(file))
+        except RunSourceError as exc:
+            if file.stat().st_size:
+                raise
+            warn(f"advmon: {exc}; skipped", stacklevel=3)
+    if not runs:
+        raise RunSourceError(f"{directory}: its JSONL files hold no advmon records")
+    return runs
+
+
+def _read_directory_run(path: Path) -> Run:
+    """A directory as one run: a W&B run directory; else a sentence that says what to pass instead."""
+    jsonl = sorted(path.glob("*.jsonl"))
+    wandb_files = sorted(path.glob("run-*.wandb")) or sorted(path.glob("*/run-*.wandb"))
+    if jsonl and not wandb_files:
+        names = ", ".join(f.name for f in jsonl[:4]) + (", ..." if len(jsonl) > 4 else "")
+        raise RunSourceError(f"{path} is a directory of {len(jsonl)} JSONL run file(s) ({names}): "
+                             f"pass one of them, e.g. {jsonl[0]}")
+    if len(wandb_files) > 1:
+        names = ", ".join(str(f.parent) for f in wandb_files[:3]) + (", ..." if len(wandb_files) > 3 else "")
+        raise RunSourceError(f"{path} holds {len(wandb_files)} W&B runs ({names}): pass one run's directory")
+    if not wandb_files:
+        hint = (f"it holds TensorBoard event files: pass tb+{path}" if any(path.glob("events.out.tfevents.*"))
+                else f"pass one of: {SOURCE_FORMS}")
+        raise RunSourceError(f"{path}: a directory with no advmon run in it; {hint}")
+    from advmon.runs.wandb import read_wandb_run
+
+    return read_wandb_run(path)
+
+
+def _read_jsonl_records(path: Path) -> list[Record]:
     from advmon.sinks.jsonl import one_history, read_jsonl
 
     records = one_history(read_jsonl(path, progress_label=f"read {path.name}"), str(path))
+    if not records:
+        raise RunSourceError(f"{path}: no advmon records in it (the file is empty)")
+    return records
+
+
+def _read_jsonl_run(path: Path, wanted: str | None) -> Run:
+    records = _read_jsonl_records(path)
     runs = list(dict.fromkeys(r.run for r in records))
     if wanted is None:
         if len(runs) > 1:
             raise RunSourceError(f"{path} holds runs {', '.join(runs)}: name one as {path}#RUN")
-        wanted = runs[0] if runs else path.stem
+        wanted = runs[0]
     elif wanted not in runs:
-        raise RunSourceError(f"{path} has no run {wanted!r} (it holds {', '.join(runs) or 'no records'})")
+        raise RunSourceError(f"{path} has no run {wanted!r} (it holds {', '.join(runs)})")
     return Run(wanted, str(path), sorted((r for r in records if r.run == wanted), key=lambda r: r.step))
 
 

@@ -128,7 +128,8 @@ def read_jsonl(path: str | os.PathLike[str], progress_label: str | None = None) 
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
-        raise AdvmonConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+        reason = exc.strerror or str(exc)
+        raise AdvmonConfigError(f"{path}: {reason[:1].lower()}{reason[1:]}") from None
     lines = text.split("\n")
     records = []
     damaged: list[tuple[int, str]] = []
