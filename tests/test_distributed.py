@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .reference import REWARD_KEYS, assert_stats_close, derived_pre_norm, group_keys, group_stats, value_stats
 from .services import free_port
 
 
@@ -136,3 +137,15 @@ def test_reduce_ranks_equals_one_process_on_the_whole_batch(tmp_path, world):
                 assert other == value, key  # counts, extrema, percentiles and groups: exactly
             else:
                 assert other == pytest.approx(value, rel=1e-12, abs=1e-12), key
+    # And both are right: the merged record against NumPy on the whole batch (rank 0's shard alone at step 2).
+    for got in merged:
+        ids, rewards, mask = _shard_batch(got.step, world, None if got.step < 2 else 0)
+        keys = group_keys(ids.numpy())
+        advantages = _estimator(ids, rewards, mask).numpy()
+        reward_stats = value_stats(rewards.numpy())
+        assert_stats_close(got.metrics, {k: reward_stats[k] for k in REWARD_KEYS}, "rewards/")
+        assert_stats_close(got.metrics, value_stats(derived_pre_norm(rewards.numpy(), keys)), "advantages/pre_norm/")
+        assert_stats_close(got.metrics, value_stats(advantages, mask.numpy()), "advantages/post_norm/",
+                           exact_percentiles=False)
+        for key, value in group_stats(rewards.numpy(), keys, reward_range=(0.0, 1.0)).items():
+            assert got.metrics[key] == value or math.isnan(value) and math.isnan(got.metrics[key]), key

@@ -1,0 +1,197 @@
+"""Every alert rule against a case written by hand from its definition (docs/alerts.md), not by an evaluator.
+
+The promtool tests advmon ships are generated from the in-process evaluator, and
+``test_alerts_agreement.py`` checks the two evaluators against each other: a rule that is
+wrong in both would pass them. Here each case is a short run written out step by step,
+with the steps at which its alert must be firing worked out from the rule's definition
+(threshold, strict or not, records it waits, history it needs) in the comment beside it.
+Both evaluators must fire exactly there: the in-process one over the records, Prometheus
+(promtool, with the generated rules) over the series advmon's exporter exposes for them
+(``series_from_records``, itself checked against the real exporter in
+``test_alerts_agreement.py``). A case must fire somewhere, so none can pass by silence.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from advmon.alerts import AlertmanagerSettings, AlertSettings, generated_files
+from advmon.alerts.evaluator import firing_by_step
+from advmon.alerts.prometheus_rules import dump_yaml, promtool_values, series_from_records
+from advmon.record import Record
+from advmon.rules import CATALOG, Thresholds, format_duration, rule_named
+from tests.services import require_binary
+
+RUN = "spec-run"
+INTERVAL = 60  # seconds between two records, as Prometheus sees them
+
+#: A healthy step: no non-finite value, |A| at half its bound, 30% zero-std groups, steady levels. Levels and
+#: the cases' values are binary fractions, so a ratio that sits on a threshold is exactly on it.
+HEALTHY = {
+    "rewards/nan_count": 0.0, "rewards/inf_count": 0.0, "rewards/mean": 0.5, "rewards/std": 0.25,
+    "advantages/pre_norm/nan_count": 0.0, "advantages/pre_norm/inf_count": 0.0, "advantages/pre_norm/std": 0.5,
+    "advantages/post_norm/nan_count": 0.0, "advantages/post_norm/inf_count": 0.0,
+    "advantages/post_norm/mean": 0.0, "advantages/post_norm/std": 1.0,
+    "advantages/post_norm/min": -1.5, "advantages/post_norm/max": 1.5, "advantages/bound_ratio": 0.5,
+    "groups/zero_std_fraction": 0.3, "advmon/internal_errors": 0.0,
+}
+
+
+@dataclass
+class Case:
+    """A run of ``steps`` records: HEALTHY with ``changes[step]`` applied; ``firing``: the steps the alert fires at."""
+
+    alert: str
+    steps: int
+    changes: dict[int, dict[str, float]]
+    firing: set[int]
+    labels: tuple[tuple[str, str], ...] = ()
+    extra: dict[str, float] = field(default_factory=dict)  # keys every record carries besides HEALTHY
+    also: frozenset[str] = frozenset()  # other alerts the case trips on purpose
+
+    def records(self) -> list[Record]:
+        return [Record(RUN, step, float(step * INTERVAL), "spec", None,
+                       {**HEALTHY, **self.extra, **self.changes.get(step, {})}) for step in range(self.steps)]
+
+
+def at(steps, **values: float) -> dict[int, dict[str, float]]:
+    """The same change at each of ``steps`` (keys with ``__`` for ``/``)."""
+    change = {key.replace("__", "/"): value for key, value in values.items()}
+    return {step: dict(change) for step in steps}
+
+
+def merged(*parts: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for part in parts:
+        for step, change in part.items():
+            out.setdefault(step, {}).update(change)
+    return out
+
+
+CASES = {
+    # Any NaN/Inf reward fires at once (1 record) and resolves with the first clean record.
+    "nonfinite rewards": Case("AdvmonNonFiniteRewards", 10, merged(at([3], rewards__nan_count=2),
+                                                                  at([7, 8], rewards__inf_count=1)), {3, 7, 8}),
+    # Post-norm NaN/Inf fires at once; pre-norm ones alone do not (they may be masked padding).
+    "nonfinite advantages": Case("AdvmonNonFiniteAdvantages", 10, merged(
+        at([2], advantages__pre_norm__nan_count=5), at([5], advantages__post_norm__inf_count=1)), {5}),
+    # bound_ratio > bound_factor (3), strictly: 3.0 is allowed, 3.01 fires, at once.
+    "beyond bound": Case("AdvmonAdvantageBeyondBound", 10, merged(at([2], advantages__bound_ratio=3.0),
+                                                                 at([6], advantages__bound_ratio=3.01)), {6}),
+    # zero_std_fraction > 0.8 for 3 records: exactly 0.8 never; 0.9 twice then 0.5 never; 0.81 at 10-13 fires
+    # at 12 (its third record) and 13.
+    "zero-std groups": Case("AdvmonZeroStdGroupsHigh", 16, merged(
+        at([1, 2, 3, 4], groups__zero_std_fraction=0.8), at([6, 7], groups__zero_std_fraction=0.9),
+        at([10, 11, 12, 13], groups__zero_std_fraction=0.81)), {12, 13}),
+    # One slice above 0.8 for 3 records while the run is at or below 0.8; not while the run is above too.
+    "slice zero-std": Case("AdvmonSliceZeroStdHigh", 14, merged(
+        at([2, 3, 4, 5], groups__zero_std_fraction=0.85, **{"slices__math__groups__zero_std_fraction": 0.9}),
+        at([8, 9, 10, 11], **{"slices__math__groups__zero_std_fraction": 0.95})),
+        {10, 11}, labels=(("slice", "math"),), also=frozenset({"AdvmonZeroStdGroupsHigh"}),
+        extra={"slices/math/groups/zero_std_fraction": 0.4, "slices/gsm8k/groups/zero_std_fraction": 0.2}),
+    # A reward function's NaN while the summed reward is finite fires at once; with the sum NaN too, the
+    # non-finite rewards alert speaks instead.
+    "reward function": Case("AdvmonRewardFunctionNonFinite", 10, merged(
+        at([3], **{"rewards__format__nan_count": 2.0}),
+        at([6], **{"rewards__format__nan_count": 1.0, "rewards__nan_count": 1.0})),
+        {3}, labels=(("function", "format"),), also=frozenset({"AdvmonNonFiniteRewards"}),
+        extra={"rewards/format/nan_count": 0.0, "rewards/format/inf_count": 0.0}),
+    # pre-norm std / its trailing median (30 records, current included) < 0.25 for 3 records, once 10 records
+    # are in the window. Steps 0-2 collapse with too little history; 0.125 at 20-22 is a ratio of exactly 0.25
+    # (never); 0.1 at 30-33 (ratio 0.2: the windows, steps 1-30 to 4-33, hold at most 7 low values of 30, so
+    # the median stays 0.5) fires at 32 and 33.
+    "scale collapse": Case("AdvmonAdvantageScaleCollapse", 36, merged(
+        at([0, 1, 2], advantages__pre_norm__std=0.01), at([20, 21, 22], advantages__pre_norm__std=0.125),
+        at([30, 31, 32, 33], advantages__pre_norm__std=0.1)), {32, 33}),
+    # ratio > 10 for 2 records: 5.0 (ratio 10) never; 5.5 (11) at 14-15 fires at 15.
+    "scale spike": Case("AdvmonAdvantageScaleSpike", 20, merged(
+        at([11, 12], advantages__pre_norm__std=5.0), at([14, 15], advantages__pre_norm__std=5.5)), {15}),
+    # |post mean - its trailing median| / trailing median of post std > 0.5 for 3 records: 0.5 never, -0.6
+    # at 14-16 fires at 16 (both signs count).
+    "mean drift": Case("AdvmonPostNormMeanDrift", 20, merged(
+        at([10, 11, 12], advantages__post_norm__mean=0.5), at([14, 15, 16], advantages__post_norm__mean=-0.6)), {16}),
+    # (trailing median of reward mean - mean) / trailing median of reward std (0.25) > 0.75 for 3 records:
+    # 0.3125 is a drop of exactly 0.75 (never), 0.25 of 1.0 at 15-18 fires at 17 and 18 (the median stays 0.5).
+    "reward collapse": Case("AdvmonRewardCollapse", 22, merged(
+        at([10, 11, 12], rewards__mean=0.3125), at([15, 16, 17, 18], rewards__mean=0.25)), {17, 18}),
+    # A counter's increase since the previous record fires at once and resolves when it stops growing.
+    "dropped records": Case("AdvmonDroppedRecords", 8, at([4, 5, 6, 7], advmon__dropped_records__mlflow=3.0),
+                            {4}, labels=(("sink", "mlflow"),), extra={"advmon/dropped_records/mlflow": 0.0}),
+    "sink errors": Case("AdvmonSinkErrors", 8, merged(at([2], advmon__sink_errors__wandb=1.0),
+                                                      at([3, 4, 5, 6, 7], advmon__sink_errors__wandb=4.0)),
+                        {2, 3}, labels=(("sink", "wandb"),), extra={"advmon/sink_errors/wandb": 0.0}),
+    "internal errors": Case("AdvmonInternalErrors", 8, at([5, 6, 7], advmon__internal_errors=1.0), {5}),
+}
+
+
+def test_every_rule_over_records_has_a_hand_written_case():
+    over_records = {rule.name for rule in CATALOG if rule.evaluate is not None}
+    assert {case.alert for case in CASES.values()} == over_records
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_in_process_evaluator_fires_where_the_definition_says(name):
+    case = CASES[name]
+    states = firing_by_step(case.records(), Thresholds.with_overrides())
+    fired = {step for step, state in enumerate(states) if (case.alert, case.labels) in state}
+    others = {alert for state in states for alert, _ in state} - {case.alert}
+    assert fired == case.firing, (name, sorted(fired))
+    assert others == case.also, others  # the case is about its rule
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_prometheus_fires_where_the_definition_says(name, tmp_path):
+    case = CASES[name]
+    series = series_from_records(case.records(), RUN)
+    checks = [promql_check(case.alert, (step + 1) * INTERVAL, case.labels if step in case.firing else None)
+              for step in range(case.steps)]  # record i is scraped at sample i + 1
+    run_promtool(tmp_path, {s: promtool_values(v) for s, v in series.items()}, checks)
+
+
+@pytest.mark.integration
+def test_prometheus_fires_for_a_silent_run_after_stale_seconds_and_not_for_one_that_reports(tmp_path):
+    """AdvmonRunStoppedReporting (Prometheus only): time() - last update > stale_seconds (900 s).
+
+    The stopped run's last update is at t = 300 s: 1200 s is exactly 900 s later (not yet),
+    1260 s, the next evaluation, fires. A run that updates every minute never does.
+    """
+    samples = 30
+    stopped = " ".join(str(min(i, 5) * INTERVAL) for i in range(samples))  # 0, 60, ..., 300, 300, ...
+    series = {
+        f'advmon_last_update_timestamp_seconds{{run="{RUN}"}}': stopped,
+        f'advmon_step{{run="{RUN}"}}': "0+1x5 5x24",
+        'advmon_last_update_timestamp_seconds{run="alive"}': f"0+{INTERVAL}x{samples - 1}",
+        'advmon_step{run="alive"}': f"0+1x{samples - 1}",
+    }
+    checks = [promql_check("AdvmonRunStoppedReporting", t, () if t >= 1260 else None) for t in range(60, 1741, 60)]
+    run_promtool(tmp_path, series, checks)
+
+
+def promql_check(alert: str, seconds: int, labels: tuple | None) -> dict:
+    """At ``seconds``, ``alert`` fires for the run with ``labels`` (``None``: it does not fire at all)."""
+    samples = []
+    if labels is not None:
+        every = {"alertname": alert, "alertstate": "firing", "run": RUN, "severity": rule_named(alert).severity,
+                 **dict(labels)}
+        samples = [{"labels": "ALERTS{" + ",".join(f'{k}="{v}"' for k, v in sorted(every.items())) + "}",
+                    "value": 1}]
+    return {"expr": f'ALERTS{{alertname="{alert}",alertstate="firing"}}', "eval_time": format_duration(seconds),
+            "exp_samples": samples}
+
+
+def run_promtool(tmp_path: Path, series: dict[str, str], checks: list[dict]) -> None:
+    settings = AlertSettings(thresholds=Thresholds.with_overrides(), interval_seconds=INTERVAL)
+    (tmp_path / "advmon-rules.yml").write_text(generated_files(settings, AlertmanagerSettings())["advmon-rules.yml"])
+    test = {"rule_files": ["advmon-rules.yml"], "evaluation_interval": format_duration(INTERVAL),
+            "tests": [{"interval": format_duration(INTERVAL),
+                       "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                       "promql_expr_test": checks}]}
+    (tmp_path / "spec-test.yml").write_text(dump_yaml(test))
+    done = subprocess.run([require_binary("promtool"), "test", "rules", "spec-test.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
