@@ -57,10 +57,12 @@ install: $(DEV_STAMP)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# The demo draws its report and comparison with matplotlib (advmon[dashboards]).
-$(CORE_STAMP): pyproject.toml | $(PY)
+# The demo draws its report and comparison with matplotlib (advmon[dashboards]); what the
+# docs say to run after it, `advmon demo --serve`, needs prometheus_client (advmon[prometheus]).
+# A changed Makefile reinstalls: a .venv made before an extra was added gets it.
+$(CORE_STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) install --quiet $(TORCH_PIN)
-	$(PIP) install --quiet $(TORCH_PIN) -e '.[dashboards]'
+	$(PIP) install --quiet $(TORCH_PIN) -e '.[dashboards,prometheus]'
 	touch $@
 
 $(DEV_STAMP): pyproject.toml $(CORE_STAMP)

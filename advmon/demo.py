@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from advmon.errors import AdvmonConfigError
 from advmon.hooks import scored_by, sliced_by
 from advmon.monitor import Monitor
 from advmon.report import format_summary
@@ -213,10 +214,18 @@ def serve_demo(config: DemoConfig, host: str = "127.0.0.1", port: int = 9464, st
     Point a Prometheus at it (the scrape config is printed) with advmon's rules
     (``alerts/``) and Grafana with ``dashboards/``, and watch the boards fill.
     ``stop`` (a ``threading.Event``) ends it from another thread; Ctrl-C from a terminal.
+
+    Raises:
+        AdvmonConfigError: prometheus_client is not installed (it comes with ``advmon[prometheus]``).
     """
     import threading
 
-    from prometheus_client import CollectorRegistry, start_http_server
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ModuleNotFoundError:
+        raise AdvmonConfigError(
+            "advmon demo --serve needs prometheus_client, which is not installed: pip install 'advmon[prometheus]'"
+        ) from None
 
     from advmon.sinks.prometheus import PrometheusSink
 
