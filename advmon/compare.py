@@ -358,44 +358,113 @@ def _first_persistent(flags: np.ndarray, persistence: int) -> int | None:
 
 
 def write_comparison_html(comparison: Comparison, out: Path) -> Path:
-    """Overlay plots of every compared statistic, with the first divergence marked; self-contained HTML."""
+    """The verdict, a table per statistic and overlay plots of every compared statistic (first divergence marked);
+    one self-contained HTML page. A statistic constant and equal in both runs (no Inf anywhere) is named, not drawn."""
     import html
 
-    import matplotlib
+    from advmon.html_report import PAGE_STYLE, format_number, write_page
 
-    matplotlib.use("Agg")
+    a, b = comparison.run_a, comparison.run_b
+    diverged, same = comparison.diverged_in_order(), [s for s in comparison.statistics if not s.diverged]
+    sliced = sorted((s for s in comparison.slices if s.diverged), key=lambda s: (s.first_step, -s.max_abs_z))
+    figures, flat = [], {}
+    for verdict in diverged + sliced + same:
+        steps, va, vb = comparison.series[verdict.key]
+        value = _same_constant(va, vb)
+        if value is not None and not verdict.diverged:
+            flat.setdefault(value, []).append(verdict.key)
+            continue
+        figures.append(f"<figure class='plot'>{_overlay_svg(verdict, steps, va, vb, a.name, b.name)}</figure>")
+    not_drawn = "".join(
+        f"<p class='meta'>Not drawn: {', '.join(f'<code>{html.escape(k)}</code>' for k in keys)}: "
+        f"{format_number(value)} in both runs at every step.</p>\n" for value, keys in flat.items())
+    body = (
+        f"<h1>advmon compare: {html.escape(a.name)} vs {html.escape(b.name)}</h1>\n"
+        f"<p class='meta'>A: {html.escape(a.name)} (<code>{html.escape(a.source)}</code>), B: {html.escape(b.name)} "
+        f"(<code>{html.escape(b.source)}</code>); {len(comparison.steps)} common steps ({int(comparison.steps[0])}"
+        f"&ndash;{int(comparison.steps[-1])}); rank test over windows of {comparison.window} steps, "
+        f"|z| &ge; {comparison.z_threshold:g} for {comparison.persistence} steps (docs/compare.md).</p>\n"
+        f"{_verdict_html(comparison)}\n<h2>Statistics</h2>\n{_verdict_table(diverged + same)}\n"
+        f"{_slices_html(comparison)}"
+        f"<h2>Over steps</h2>\n{not_drawn}<div class='plots'>{''.join(figures)}</div>\n"
+    )
+    return write_page(out, f"advmon compare: {a.name} vs {b.name}", PAGE_STYLE, body)
+
+
+def _same_constant(a: np.ndarray, b: np.ndarray) -> float | None:
+    """The value both series hold at every step, if they do (a flat line drawn twice says less than a sentence)."""
+    values = np.concatenate([a, b])
+    if not np.isfinite(values).all() or values.min() != values.max():
+        return None
+    return float(values[0])
+
+
+def _overlay_svg(verdict: StatisticVerdict, steps: np.ndarray, va: np.ndarray, vb: np.ndarray, a: str, b: str) -> str:
     import matplotlib.pyplot as plt
 
-    from advmon.html_report import write_page
-    from advmon.plots import figure_to_svg
+    from advmon.plots import choose_scale, figure_to_svg, new_figure, place_legend
 
-    a, b = comparison.run_a.name, comparison.run_b.name
-    figures = []
-    sliced = sorted((s for s in comparison.slices if s.diverged), key=lambda s: (s.first_step, -s.max_abs_z))
-    for verdict in comparison.diverged_in_order() + sliced + [s for s in comparison.statistics if not s.diverged]:
-        steps, va, vb = comparison.series[verdict.key]
-        figure, axes = plt.subplots(figsize=(7.5, 3.0), dpi=100)
-        axes.plot(steps, va, linewidth=1, label=f"A: {a}")
-        axes.plot(steps, vb, linewidth=1, label=f"B: {b}")
-        if verdict.first_step is not None:
-            axes.axvline(verdict.first_step, color="black", linestyle="--", linewidth=1, label="first divergence")
-        state = f"diverged from step {verdict.first_step}" if verdict.diverged else "same"
-        axes.set_title(f"{verdict.key}: {state} (max |z| {_fmt(verdict.max_abs_z)})", fontsize=10, loc="left")
-        axes.set_xlabel("step", fontsize=8)
-        axes.tick_params(labelsize=8)
-        axes.legend(fontsize=7)
-        figures.append(f"<figure class='plot'>{figure_to_svg(figure)}</figure>")
-        plt.close(figure)
-    verdict = (f"<p class='bad'>Diverged: first divergence at step {comparison.first_divergence}.</p>"
-               if comparison.diverged else "<p class='ok'>Equivalent: no statistic diverged beyond the runs' own noise.</p>")
-    table = html.escape(comparison.to_text())
-    style = (
-        "body{font-family:Helvetica,Arial,sans-serif;margin:24px}.ok{color:#2a7a2a;font-weight:600}"
-        ".bad{color:#b00020;font-weight:600}.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:14px}"
-        ".plot svg{width:100%;height:auto}pre{font-size:12px}"
-    )
-    body = (
-        f"<h1>advmon compare: {html.escape(a)} vs {html.escape(b)}</h1>\n{verdict}\n<pre>{table}</pre>\n"
-        f"<div class='plots'>{''.join(figures)}</div>\n"
-    )
-    return write_page(out, f"advmon compare: {a} vs {b}", style, body)
+    figure, axes = new_figure()
+    axes.plot(steps, va, linewidth=2.4, color="#1f77b4", alpha=0.8, label=f"A: {a}")  # wider: seen under an equal B
+    axes.plot(steps, vb, linewidth=1.1, color="#ff7f0e", label=f"B: {b}")
+    if verdict.first_step is not None:
+        axes.axvline(verdict.first_step, color="black", linestyle="--", linewidth=1,
+                     label=f"first divergence (step {verdict.first_step})")
+    if verdict.diverged:
+        state = f"diverged from step {verdict.first_step}: {REASONS[verdict.reason] if verdict.reason else 'rank test'}"
+    else:
+        state = "same"
+    axes.set_title(f"{verdict.key}\n{state}; largest |z| {_fmt(verdict.max_abs_z)}", fontsize=10, loc="left")
+    axes.set_xlabel("step", fontsize=8)
+    axes.tick_params(labelsize=8)
+    choose_scale(axes, np.concatenate([va, vb]), percent=verdict.key.endswith("_fraction"))
+    place_legend(axes)
+    svg = figure_to_svg(figure)
+    plt.close(figure)
+    return svg
+
+
+def _verdict_html(comparison: Comparison) -> str:
+    import html
+
+    if not comparison.diverged:
+        strongest = max(comparison.statistics, key=lambda s: s.max_abs_z if math.isfinite(s.max_abs_z) else -1,
+                        default=None)
+        detail = f" (largest |z| {_fmt(strongest.max_abs_z)}, on {html.escape(strongest.key)})" if strongest else ""
+        return f"<p class='ok'>Equivalent: no statistic diverged beyond the runs' own noise{detail}.</p>"
+    first = [s.key for s in comparison.diverged_in_order() if s.first_step == comparison.first_divergence]
+    if not first:
+        return "<p class='bad'>Diverged in a slice only; the run-wide statistics stayed within their noise.</p>"
+    return (f"<p class='bad'>Diverged: first divergence at step {comparison.first_divergence} "
+            f"({', '.join(html.escape(k) for k in first)}).</p>")
+
+
+def _verdict_table(verdicts: list[StatisticVerdict]) -> str:
+    from advmon.html_report import format_number
+
+    lines = ["<table><tr><th>statistic</th><th>verdict</th><th>first step</th><th>why</th><th>largest |z|</th>"
+             "<th>mean A</th><th>mean B</th></tr>"]
+    for s in verdicts:
+        verdict = "<td class='bad'>diverged</td>" if s.diverged else "<td>same</td>"
+        first = "-" if s.first_step is None else str(s.first_step)
+        lines.append(f"<tr><td><code>{s.key}</code></td>{verdict}<td class='num'>{first}</td>"
+                     f"<td>{REASONS[s.reason] if s.reason else ''}</td><td class='num'>{_fmt(s.max_abs_z)}</td>"
+                     f"<td class='num'>{format_number(s.mean_a)}</td>"
+                     f"<td class='num'>{format_number(s.mean_b)}</td></tr>")
+    lines.append("</table>")
+    return "\n".join(lines)
+
+
+def _slices_html(comparison: Comparison) -> str:
+    import html
+
+    if not comparison.slices:
+        return ""
+    found = comparison.first_slice
+    if found is None:
+        labels = ", ".join(html.escape(label) for label in sorted({slice_of(s.key) for s in comparison.slices}))
+        return f"<h2>Slices</h2>\n<p class='ok'>No slice diverged ({labels}).</p>\n"
+    label, step, _ = found
+    diverged = sorted((s for s in comparison.slices if s.diverged), key=lambda s: (s.first_step, -s.max_abs_z))
+    return (f"<h2>Slices</h2>\n<p class='bad'>{html.escape(label)} diverges first, at step {step}.</p>\n"
+            f"{_verdict_table(diverged)}\n")

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from advmon.alerts.evaluator import Occurrence, evaluate_records
 from advmon.alerts.runbooks import runbook_html
-from advmon.plots import PANELS, Panel, draw_distribution, draw_panel, figure_to_svg, where_panels
+from advmon.plots import PANELS, Panel, draw_distribution, draw_panel, figure_to_svg, new_figure, where_panels
 from advmon.progress import Progress
 from advmon.rules import Thresholds, abs_limit, rule_named, runbook_link
 from advmon.runs import Run
 
-__all__ = ["AlertRow", "alert_rows", "write_page", "write_png", "write_report"]
+__all__ = ["PAGE_STYLE", "AlertRow", "alert_rows", "format_number", "write_page", "write_png", "write_report"]
 
 
 @dataclass(frozen=True)
@@ -63,15 +63,12 @@ def alert_spans(occurrences: Sequence[Occurrence]) -> list[tuple[int, int | None
 
 def _figures(run: Run, occurrences: Sequence[Occurrence], progress: Progress,
              panels: Sequence[Panel] = PANELS) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     spans = alert_spans(occurrences)
     svgs = []
     for panel in panels:
-        figure, axes = plt.subplots(figsize=(7.5, 3.4), dpi=100)
+        figure, axes = new_figure()
         draw_panel(axes, panel, [(run.name, run.records)], spans)
         svgs.append(figure_to_svg(figure))
         plt.close(figure)
@@ -79,17 +76,22 @@ def _figures(run: Run, occurrences: Sequence[Occurrence], progress: Progress,
     return svgs
 
 
-_STYLE = """
-body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px; color: #222; }
-h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; }
-.meta { color: #555; font-size: 14px; }
+#: The pages' style sheet (the report's and the comparison's).
+PAGE_STYLE = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 20px 24px; color: #222; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 28px 0 8px; }
+h3 { font-size: 15px; margin: 20px 0 6px; }
+.meta { color: #555; font-size: 14px; max-width: 75em; }
 table { border-collapse: collapse; font-size: 13px; margin-top: 8px; }
-th, td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: left; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.critical { color: #b00020; font-weight: 600; } .warning { color: #b35c00; font-weight: 600; } .info { color: #1f5fa0; }
-.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 16px; }
+th, td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: left; vertical-align: top; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.id { white-space: nowrap; font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px; }
+.critical { color: #b00020; font-weight: 600; } .warning { color: #a35200; font-weight: 600; } .info { color: #1f5fa0; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 16px 24px; }
+figure.plot { margin: 0; }
 .plot svg { width: 100%; height: auto; }
-.ok { color: #2a7a2a; font-weight: 600; }
+.ok { color: #2a7a2a; font-weight: 600; } .bad { color: #b00020; font-weight: 600; }
+.runbook { max-width: 75em; }
 """
 
 
@@ -97,9 +99,6 @@ def _distribution_figures(run: Run, occurrences: Sequence[Occurrence], threshold
     """Heatmaps of the post-norm (with the |A| bound the alerts use) and pre-norm histograms per step."""
     if not any(record.histograms for record in run.records):
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -108,7 +107,7 @@ def _distribution_figures(run: Run, occurrences: Sequence[Occurrence], threshold
     bounds = np.array([abs_limit(r.metrics, t) for r in run.records])
     svgs = []
     for stage, limit in (("post_norm", (steps, bounds)), ("pre_norm", None)):
-        figure, axes = plt.subplots(figsize=(7.5, 3.4), dpi=100)
+        figure, axes = new_figure()
         if draw_distribution(axes, run.records, limit, stage, alert_spans(occurrences)):
             svgs.append(figure_to_svg(figure))
         plt.close(figure)
@@ -122,25 +121,51 @@ def _distribution_section(svgs: Sequence[str]) -> str:
     return (
         "<h2>Distribution</h2>\n<p class='meta'>Each column is one step's advantages (the record's histogram, "
         "at most 64 bins); colour is the share of the step's values, on a log scale so that a handful of "
-        "outliers still shows. Dashed: the |A| the bound alert allows.</p>\n"
+        "outliers still shows. Dashed: the |A| the bound alert allows. The strip above a picture: the steps where a "
+        "critical (red) or warning (orange) alert was firing.</p>\n"
         f"<div class='plots'>\n{plots}\n</div>"
     )
 
 
-def _fmt(value: float) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:.5g}"
+def format_number(value: float | None) -> str:
+    """A number as a table shows it: 4 significant digits, thousands separated, float noise around 0 as 0.
+
+    Example:
+        >>> [format_number(v) for v in (0.99999, 10612.4, -3183.6, 0.064287, 5.0, -1.96e-20, 2.5e-05, 5.08e8)]
+        ['1', '10,612', '-3,184', '0.06429', '5', '0', '2.5e-05', '5.08e+08']
+    """
+    if value is None or math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "Inf" if value > 0 else "-Inf"
+    magnitude = abs(value)
+    if magnitude < 1e-12:
+        return "0"
+    if magnitude >= 1000:
+        return f"{value:,.0f}" if magnitude < 1e6 else f"{value:.3g}"
+    return f"{value:.4g}" if magnitude >= 1e-3 else f"{value:.2g}"
 
 
 def _header(run: Run) -> str:
     first, last = run.records[0], run.records[-1]
-    span = last.time - first.time
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(first.time)) if first.time > 0 else "unknown"
     return (
         f"<h1>advmon report: run {html.escape(run.name)}</h1>"
         f"<p class='meta'>{len(run.records)} records, steps {first.step}&ndash;{last.step}; "
         f"estimator <code>{html.escape(run.estimator)}</code>{_normalization(run)}; started {when}, spanning "
-        f"{span / 60:.1f} min; source <code>{html.escape(run.source)}</code></p>"
+        f"{_duration(last.time - first.time)}; source <code>{html.escape(run.source)}</code></p>"
     )
+
+
+def _duration(seconds: float) -> str:
+    """``under a second``, ``42 s``, ``3.5 min``, ``2.1 h``, ``3.2 days``."""
+    if not seconds >= 1:
+        return "under a second"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h" if seconds < 48 * 3600 else f"{seconds / 86400:.1f} days"
 
 
 def _normalization(run: Run) -> str:
@@ -162,8 +187,9 @@ def _alerts_table(rows: Sequence[AlertRow], runbook_base: str) -> str:
         last = "still firing" if row.last_step is None else str(row.last_step)
         link = runbook_link(runbook_base, row.alert) or f"#runbook-{rule.runbook_anchor}"  # else: on this page
         lines.append(
-            f"<tr><td>{row.alert}</td><td class='{row.severity}'>{row.severity}</td><td class='num'>{row.occurrences}x</td>"
-            f"<td class='num'>{row.first_step}</td><td class='num'>{last}</td><td class='num'>{_fmt(row.worst_value)}</td>"
+            f"<tr><td class='id'>{row.alert}</td><td class='{row.severity}'>{row.severity}</td>"
+            f"<td class='num'>{row.occurrences}x</td><td class='num'>{row.first_step}</td><td class='num'>{last}</td>"
+            f"<td class='num'>{format_number(row.worst_value)}</td>"
             f"<td>{html.escape(rule.summary)}</td><td><a href='{html.escape(link)}'>runbook</a></td></tr>"
         )
     lines.append("</table>")
@@ -181,15 +207,17 @@ def _runbooks_section(occurrences: Sequence[Occurrence]) -> str:
 
 
 def _summary_table(run: Run) -> str:
-    from advmon.report import TABLE, worst_value
+    from advmon.report import TABLE, WORST_END, worst_step_text, worst_value
 
     last = run.records[-1]
-    lines = ["<table><tr><th>metric</th><th>last</th><th>worst</th><th>at step</th></tr>"]
+    lines = ["<table><tr><th>metric</th><th>last</th><th>worst is the</th><th>worst</th><th>at step</th></tr>"]
     for key, end in TABLE:
         worst = worst_value(run.records, key, end)
         value, step = worst if worst else (math.nan, "-")
-        lines.append(f"<tr><td><code>{key}</code></td><td class='num'>{_fmt(last.metrics.get(key, math.nan))}</td>"
-                     f"<td class='num'>{_fmt(value)}</td><td class='num'>{step}</td></tr>")
+        lines.append(f"<tr><td><code>{key}</code></td>"
+                     f"<td class='num'>{format_number(last.metrics.get(key, math.nan))}</td><td>{WORST_END[end]}</td>"
+                     f"<td class='num'>{format_number(value)}</td>"
+                     f"<td class='num'>{worst_step_text(run.records, key, step)}</td></tr>")
     lines.append("</table>")
     return "\n".join(lines)
 
@@ -238,11 +266,12 @@ def _exemplar_table(exemplars: Sequence[dict]) -> str:
         for key, _ in _EXEMPLAR_COLUMNS:
             value = entry.get(key)
             if isinstance(value, float):
-                cells.append(f"<td class='num'>{_fmt(value)}</td>")
+                cells.append(f"<td class='num'>{format_number(value)}</td>")
             elif isinstance(value, int):
                 cells.append(f"<td class='num'>{value}</td>")
             else:
-                cells.append(f"<td>{html.escape('-' if value is None else str(value))}</td>")
+                kind = " class='id'" if key == "group" else ""
+                cells.append(f"<td{kind}>{html.escape('-' if value is None else str(value))}</td>")
         lines.append("<tr>" + "".join(cells) + "</tr>")
     lines.append("</table>")
     return "\n".join(lines)
@@ -259,16 +288,17 @@ def write_report(run: Run, out: Path, thresholds: Thresholds | None = None, runb
         progress.advance()
         where_svgs = _figures(run, occurrences, progress, drilldown)
     plots = "\n".join(f"<figure class='plot'>{svg}</figure>" for svg in svgs)
+    shading = ("<p class='meta'>Shaded spans on the plots: where a critical (red) or warning (orange) alert was "
+               "firing.</p>\n" if alert_spans(occurrences) else "")
     body = (
-        f"{_header(run)}\n<h2>Alerts</h2>\n{_alerts_table(alert_rows(occurrences), runbook_base)}\n"
-        "<p class='meta'>Shaded spans on the plots: where a critical (red) or warning (orange) alert was firing.</p>\n"
+        f"{_header(run)}\n<h2>Alerts</h2>\n{_alerts_table(alert_rows(occurrences), runbook_base)}\n{shading}"
         f"<h2>Over steps</h2>\n<div class='plots'>\n{plots}\n</div>\n"
         f"{_distribution_section(distribution_svgs)}\n"
         f"{_where_section(run, occurrences, where_svgs)}\n"
         f"<h2>Last and worst values</h2>\n{_summary_table(run)}\n"
         f"{_runbooks_section(occurrences)}"
     )
-    return write_page(out, f"advmon report: {run.name}", _STYLE, body)
+    return write_page(out, f"advmon report: {run.name}", PAGE_STYLE, body)
 
 
 def write_page(out: Path, title: str, style: str, body: str) -> Path:
@@ -293,14 +323,16 @@ def write_png(run: Run, out: Path, thresholds: Thresholds | None = None) -> Path
     occurrences = evaluate_records(run.records, thresholds)
     rows = alert_rows(occurrences)
     spans = alert_spans(occurrences)
-    figure, grid = plt.subplots(3, 2, figsize=(15, 11), dpi=90)
+    # Constrained layout sizes the title's band to the title's lines: no blank band above the plots.
+    figure, grid = plt.subplots(3, 2, figsize=(15, 12), dpi=90, layout="constrained")
     for axes, panel in zip(grid.flat, PANELS):
         draw_panel(axes, panel, [(run.name, run.records)], spans)
-    fired = "\n".join(f"{r.alert} ({r.severity}) from step {r.first_step}" for r in rows[:3]) or "no alerts"
-    more = f" (+{len(rows) - 3} more)" if len(rows) > 3 else ""
-    figure.suptitle(f"advmon: run {run.name}, steps {run.steps[0]}-{run.steps[-1]}{more}\n{fired}", fontsize=11,
-                    x=0.01, ha="left", va="top", y=0.995)
-    figure.tight_layout(rect=(0, 0, 1, 0.93))
+    fired = [f"{r.alert} ({r.severity}) from step {r.first_step}" for r in rows[:3]]
+    fired = fired or ["no alert of the catalog fired"]
+    if len(rows) > 3:
+        fired.append(f"and {len(rows) - 3} more alert{'s' if len(rows) > 4 else ''} (the HTML report lists them all)")
+    figure.suptitle("\n".join([f"advmon: run {run.name}, steps {run.steps[0]}-{run.steps[-1]}", *fired]), fontsize=11,
+                    x=0.01, ha="left")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out)

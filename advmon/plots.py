@@ -3,7 +3,10 @@
 Plots are drawn over steps; a long run is reduced to at most ``MAX_POINTS``
 buckets per line (the mean of a bucket for means, its min/max for extremes), so a
 100k-step run draws as fast and as small as a short one. Alerts are marked as
-shaded spans (critical red, warning orange, info blue).
+shaded spans (critical red, warning orange, info blue). Every line, band and span
+has a legend entry, below the plot so that it never covers data; values that span
+orders of magnitude get a symmetric-log axis whose ticks (0 and powers of ten) never
+overlap.
 
 Example:
     >>> from advmon.record import Record
@@ -17,14 +20,16 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_POINTS", "PANELS", "Distribution", "Panel", "distribution", "draw_distribution", "draw_panel",
-           "figure_to_svg", "series", "where_panels"]
+__all__ = ["MAX_POINTS", "PANELS", "Distribution", "Panel", "choose_scale", "distribution", "draw_distribution",
+           "draw_panel", "figure_to_svg", "new_figure", "place_legend", "series", "tick_text", "use_symlog",
+           "where_panels"]
 
 MAX_POINTS = 2000
 SEVERITY_COLORS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
@@ -59,6 +64,7 @@ class Line:
     label: str
     reduce: str = "mean"
     style: str = "-"
+    color: int | None = None  #: matplotlib's ``C<n>`` colour; default: the line's position in its panel
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,15 @@ class Panel:
     band_keys: tuple[str, str] | None = None  # (low key, high key)
     ylabel: str = ""
     percent: bool = False
+
+    @property
+    def band_label(self) -> str:
+        """What the shaded band is, for the legend."""
+        if self.band is not None:
+            return "mean ± std"
+        if self.band_keys is not None:
+            return "–".join(key.rsplit("/", 1)[-1].replace("p0", "p") for key in self.band_keys)
+        return ""
 
 
 PANELS: tuple[Panel, ...] = (
@@ -134,16 +149,18 @@ def where_panels(records: Sequence[Any]) -> list[Panel]:
             Panel("By slice: zero-std groups", per_slice("groups/zero_std_fraction"), percent=True),
             Panel("By slice: NaN/Inf rewards per step",
                   per_slice("rewards/nan_count", "max") + [
-                      Line(f"slices/{label}/rewards/function_nonfinite_count", f"{label} (reward functions)", "max", "--")
-                      for label in slices]),
+                      Line(f"slices/{label}/rewards/function_nonfinite_count", f"{label} (reward functions)", "max",
+                           "--", index) for index, label in enumerate(slices)]),
             Panel("By slice: largest |post-norm advantage|", per_slice("advantages/post_norm/abs_max", "max")),
         ]
     if functions:
         panels += [
             Panel("By reward function: mean", [Line(f"rewards/{name}/mean", name) for name in functions]),
             Panel("By reward function: NaN/Inf scores per step",
-                  [Line(f"rewards/{name}/nan_count", f"{name} NaN", "max") for name in functions]
-                  + [Line(f"rewards/{name}/inf_count", f"{name} Inf", "max", "--") for name in functions]),
+                  [Line(f"rewards/{name}/nan_count", f"{name} NaN", "max", "-", index)
+                   for index, name in enumerate(functions)]
+                  + [Line(f"rewards/{name}/inf_count", f"{name} Inf", "max", "--", index)
+                     for index, name in enumerate(functions)]),
         ]
     return panels
 
@@ -153,36 +170,52 @@ def draw_panel(axes: Any, panel: Panel, runs: Sequence[tuple[str, Sequence[Any]]
     """Draw ``panel`` for one run or several (``[(label, records)]``); return whether anything had data."""
     drawn = False
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    drawn_values = []  # the lines' (a band lies between lines: it does not decide the scale)
     for index, (label, records) in enumerate(runs):
         prefix = f"{label} " if len(runs) > 1 else ""
         for line_index, line in enumerate(panel.lines):
             steps, values = series(records, line.key, line.reduce)
             if not np.isfinite(values).any():
                 continue
-            color = colors[index % len(colors)] if len(runs) > 1 else f"C{line_index}"
+            color = colors[index % len(colors)] if len(runs) > 1 else f"C{_color_of(line, line_index)}"
             axes.plot(steps, values, line.style, color=color, linewidth=1.1, label=prefix + line.label)
+            drawn_values.append(values)
             drawn = True
         band = _band(records, panel)
         if band is not None:
             steps, low, high = band
             color = colors[index % len(colors)] if len(runs) > 1 else "C0"
-            axes.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
-    _shade_alerts(axes, spans, max((r.step for _, records in runs for r in records), default=0))
+            axes.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0, label=prefix + panel.band_label)
+    steps = [r.step for _, records in runs for r in records]
+    if drawn:
+        _shade_alerts(axes, spans, max(steps, default=0))
+    elif steps:
+        axes.set_xlim(min(steps), max(steps) if max(steps) > min(steps) else min(steps) + 1)  # the run's steps
     if marker is not None:
-        axes.axvline(marker, color="black", linestyle="--", linewidth=1)
+        axes.axvline(marker, color="black", linestyle="--", linewidth=1, label=f"step {marker}")
     axes.set_title(panel.title, fontsize=10, loc="left")
     axes.set_xlabel("step", fontsize=8)
     axes.tick_params(labelsize=8)
     if drawn:
-        _scale(axes)
-        axes.legend(fontsize=7, loc="best", ncol=2, framealpha=0.7)
-        if panel.percent:
-            from matplotlib.ticker import PercentFormatter
-
-            axes.yaxis.set_major_formatter(PercentFormatter(1.0))
+        choose_scale(axes, np.concatenate(drawn_values), percent=panel.percent)
+        place_legend(axes)
     else:
-        axes.text(0.5, 0.5, "no data", ha="center", va="center", transform=axes.transAxes, color="grey")
+        axes.text(0.5, 0.5, f"no data: this run recorded no {_family(panel)}", ha="center", va="center",
+                  transform=axes.transAxes, color="#555", fontsize=9)
+        axes.set_yticks([])
     return drawn
+
+
+def _color_of(line: Line, position: int) -> int:
+    return position if line.color is None else line.color
+
+
+def _family(panel: Panel) -> str:
+    """What a panel's keys have in common, as a person reads it: ``advantages/pre_norm/*``."""
+    keys = [line.key for line in panel.lines]
+    common = os.path.commonprefix(keys)
+    common = common[: common.rfind("/") + 1]
+    return f"{common}*" if common else ", ".join(keys)
 
 
 def _band(records: Sequence[Any], panel: Panel) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -200,12 +233,127 @@ def _band(records: Sequence[Any], panel: Panel) -> tuple[np.ndarray, np.ndarray,
     return steps, low, high
 
 
-def _scale(axes: Any) -> None:
-    """Symmetric-log y when a few values dwarf the rest (|A| in the thousands next to unit-scale data)."""
-    values = np.concatenate([np.asarray(line.get_ydata(), dtype=np.float64) for line in axes.get_lines()])
+def place_legend(axes: Any) -> None:
+    """The legend under the plot (below the step axis), so that it never covers a line."""
+    handles, labels = axes.get_legend_handles_labels()
+    if not handles:
+        return
+    axes.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=_columns(axes, labels),
+                frameon=False, borderaxespad=4.2, handlelength=2.2, columnspacing=1.5)
+
+
+def _columns(axes: Any, labels: Sequence[str], fontsize: float = 7.0) -> int:
+    """As many legend columns (up to 4) as fit under the plot: a wider legend would widen the figure and shrink
+    the plot beside the others on the page. Widths are estimated (a character is about 0.6 em)."""
+    width_em = axes.get_position().width * axes.figure.get_figwidth() * 72.0 / fontsize
+    for columns in range(min(4, len(labels)), 1, -1):
+        rows = math.ceil(len(labels) / columns)
+        widest = [max(len(label) for label in labels[c * rows : (c + 1) * rows] or [""]) for c in range(columns)]
+        if sum(0.6 * w + 2.2 + 0.8 + 1.5 for w in widest) <= width_em:
+            return columns
+    return 1
+
+
+#: Below this, a value is floating-point noise around 0 (the mean of normalized advantages, 1e-20).
+FLOAT_NOISE = 1e-12
+
+
+def choose_scale(axes: Any, values: np.ndarray, percent: bool = False) -> None:
+    """The y axis a person can read ``values`` on.
+
+    Symmetric-log when a few values dwarf the bulk (an |A| of 7,428 beside unit-scale
+    data: over 100 times the median of the non-zero |values|, or of 1 for counts), linear
+    up to the power of ten nearest the bulk; whole-number ticks for counts (a count of 0
+    throughout reads 0, not -0.04); a unit axis around 0 for values that are 0 up to float
+    noise (not 1e-19 magnified to fill the plot); whole percentages for shares that span
+    10% or more.
+    """
     finite = np.abs(values[np.isfinite(values)])
-    if finite.size and finite.max() > 100 * max(np.percentile(finite, 90), 1e-12):
-        axes.set_yscale("symlog", linthresh=max(np.percentile(finite, 90), finite.max() * 1e-3))
+    if not finite.size:
+        return
+    if percent:
+        from matplotlib.ticker import PercentFormatter
+
+        spread = float(np.nanmax(values) - np.nanmin(values))
+        axes.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0 if spread >= 0.1 else None))
+        return
+    counts = bool(np.all(finite == np.round(finite)))
+    if not counts and finite.max() < FLOAT_NOISE:
+        axes.set_ylim(-1.0, 1.0)
+        return
+    bulk = 1.0 if counts else float(np.median(finite[finite > 0]))
+    if finite.max() > 100 * bulk:
+        use_symlog(axes, 10.0 ** round(math.log10(bulk)))
+    elif counts:
+        from matplotlib.ticker import MaxNLocator
+
+        axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+        if finite.max() == 0:
+            axes.set_ylim(-0.1, 1.0)
+
+
+def use_symlog(axes: Any, linthresh: float, labelsize: float = 8.0) -> None:
+    """A symmetric-log y axis with ticks at 0 and powers of ten only, thinned where two labels would touch."""
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    axes.set_yscale("symlog", linthresh=linthresh)
+    axes.autoscale(axis="y")  # margins on the new scale (limits fixed earlier, by axvspan, have the linear ones)
+    target = axes.yaxis
+    target.set_major_locator(_symlog_locator(linthresh, labelsize))
+    target.set_major_formatter(FuncFormatter(lambda value, _: tick_text(value)))
+    target.set_minor_locator(NullLocator())
+
+
+def tick_text(value: float) -> str:
+    """A tick label as a person writes it: ``0``, ``0.5``, ``-1,000``, ``10⁶`` (as TeX), never ``10^0``.
+
+    Example:
+        >>> [tick_text(v) for v in (0.0, 0.01, -1.0, 1000.0, -1e6, 2.5e-5)]
+        ['0', '0.01', '-1', '1,000', '$-10^{6}$', '2.5e-05']
+    """
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if 1e-3 <= magnitude < 1e5:
+        return f"{value:,.6g}"
+    exponent = round(math.log10(magnitude))
+    if math.isclose(magnitude, 10.0 ** exponent):
+        return f"${'-' if value < 0 else ''}10^{{{exponent}}}$"
+    return f"{value:.2g}"
+
+
+def _symlog_locator(linthresh: float, labelsize: float) -> Any:
+    """Major ticks of a symmetric-log axis: 0, then +-10^k from the largest down; a tick whose label would touch a
+    kept one (closer than 1.5 label heights, measured at the axes' drawn size when it is drawn) is left out."""
+    from matplotlib.ticker import Locator
+
+    class SymlogTicks(Locator):
+        def __call__(self) -> list[float]:
+            low, high = self.axis.get_view_interval()
+            return self.tick_values(low, high)
+
+        def tick_values(self, vmin: float, vmax: float) -> list[float]:
+            low, high = min(vmin, vmax), max(vmin, vmax)
+            largest = max(abs(low), abs(high), linthresh)
+            candidates = [0.0] if low <= 0 <= high else []
+            for exponent in range(math.ceil(math.log10(largest)), math.floor(math.log10(linthresh)) - 1, -1):
+                candidates += [v for v in (10.0 ** exponent, -(10.0 ** exponent)) if low <= v <= high]
+            return sorted(self._thinned(candidates))
+
+        def _thinned(self, candidates: list[float]) -> list[float]:
+            axis = getattr(self, "axis", None)
+            if axis is None or axis.axes is None or not candidates:
+                return candidates
+            axes = axis.axes  # a y axis: where each value lands on screen, in pixels
+            positions = axes.transData.transform([(axes.get_xlim()[0], v) for v in candidates])[:, 1]
+            gap = 1.5 * labelsize * axes.figure.dpi / 72.0
+            kept: list[tuple[float, float]] = []
+            for value, position in zip(candidates, positions):
+                if all(abs(position - other) >= gap for _, other in kept):
+                    kept.append((value, position))
+            return [value for value, _ in kept]
+
+    return SymlogTicks()
 
 
 #: Columns (groups of steps) and value rows of a distribution picture.
@@ -301,7 +449,8 @@ def draw_distribution(axes: Any, records: Sequence[Any], bounds: tuple[np.ndarra
     axes.set_xlabel("step", fontsize=8)
     axes.tick_params(labelsize=8)
     if found is None:
-        axes.text(0.5, 0.5, "no histograms", ha="center", va="center", transform=axes.transAxes, color="grey")
+        axes.text(0.5, 0.5, "no data: this run's records carry no histograms (docs/distributions.md)", ha="center",
+                  va="center", transform=axes.transAxes, color="#555", fontsize=9)
         return False
     share = np.where(found.share > 0, found.share, np.nan)  # empty cells stay blank
     smallest = np.nanmin(share) if np.isfinite(share).any() else 1e-6
@@ -311,28 +460,66 @@ def draw_distribution(axes: Any, records: Sequence[Any], bounds: tuple[np.ndarra
     colorbar.set_label("share of the step's values", fontsize=7)
     colorbar.ax.tick_params(labelsize=7)
     if found.linthresh is not None:
-        axes.set_yscale("symlog", linthresh=found.linthresh)
-    axes.set_ylim(found.value_edges[0], found.value_edges[-1])
+        use_symlog(axes, found.linthresh)
+    _limits_with_margin(axes, found.value_edges[0], found.value_edges[-1])
     if bounds is not None:
         steps, bound = bounds
         for sign in (1, -1):
             axes.step(steps, sign * bound, where="mid", color="#d62728", linestyle="--", linewidth=1,
                       label="|A| bound" if sign == 1 else None)
-        axes.legend(fontsize=7, loc="upper left", framealpha=0.7)
-    _shade_alerts(axes, spans, found.step_edges[-1])
+    _shade_alerts(axes, spans, found.step_edges[-1], strip=True)  # a strip above: the picture's colours stay true
+    axes.set_title(axes.get_title(loc="left"), fontsize=10, loc="left", pad=10)
+    place_legend(axes)
     return True
 
 
-def _shade_alerts(axes: Any, spans: Sequence[tuple[int, int | None, str]], last_step: float) -> None:
-    """Where an alert was firing (to ``last_step`` while it still is), in its severity's colour."""
-    for fired, resolved, severity in spans:
-        axes.axvspan(fired, resolved if resolved is not None else last_step, color=SEVERITY_COLORS.get(severity, "grey"),
-                     alpha=0.12, linewidth=0)
+def _limits_with_margin(axes: Any, low: float, high: float, margin: float = 0.03) -> None:
+    """``low..high`` and a margin (on the axis' own scale), so that the extreme rows do not sit on the frame."""
+    scale = axes.yaxis.get_transform()
+    ends = scale.transform(np.array([low, high]))
+    pad = margin * (ends[1] - ends[0])
+    axes.set_ylim(*scale.inverted().transform(np.array([ends[0] - pad, ends[1] + pad])))
+
+
+def _shade_alerts(axes: Any, spans: Sequence[tuple[int, int | None, str]], last_step: float,
+                  strip: bool = False) -> None:
+    """Where an alert was firing (to ``last_step`` while it still is), in its severity's colour, one legend entry
+    per severity; overlapping spans of one severity are merged (they would darken each other). ``strip``: a band
+    just above the plot, for pictures whose own colours a shading would change."""
+    merged: dict[str, list[list[float]]] = {}
+    for fired, resolved, severity in sorted(spans, key=lambda span: span[0]):
+        end = resolved if resolved is not None else last_step
+        known = merged.setdefault(severity, [])
+        if known and fired <= known[-1][1]:
+            known[-1][1] = max(known[-1][1], end)
+        else:
+            known.append([fired, end])
+    order = [severity for severity in ("info", "warning", "critical") if severity in merged]
+    for row, severity in enumerate(order + [s for s in merged if s not in order]):
+        for number, (start, end) in enumerate(merged[severity]):
+            label = None if number else f"{severity} alert firing"
+            if strip:  # one row per severity, the most severe on top
+                axes.axvspan(start, end, ymin=1.005 + 0.02 * row, ymax=1.022 + 0.02 * row, clip_on=False,
+                             color=SEVERITY_COLORS.get(severity, "grey"), alpha=0.8, linewidth=0, label=label)
+            else:
+                axes.axvspan(start, end, color=SEVERITY_COLORS.get(severity, "grey"), alpha=0.12, linewidth=0,
+                             label=label)
+
+
+def new_figure(width: float = 7.5, height: float = 3.4) -> tuple[Any, Any]:
+    """A figure with one axes, laid out inside its own size: every plot of a page gets the same size (a cropped
+    figure would be as wide as its tick labels and title happen to be, and the page would scale each differently)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(width, height), dpi=100, layout="constrained")
 
 
 def figure_to_svg(figure: Any) -> str:
     """The figure as inline SVG text (no XML header), for a self-contained HTML page."""
     buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", bbox_inches="tight")
+    figure.savefig(buffer, format="svg")
     text = buffer.getvalue()
     return text[text.index("<svg"):]

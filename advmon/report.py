@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from advmon.record import Record
 from advmon.rules import Thresholds
 
-__all__ = ["TABLE", "Sign", "first_signs", "format_summary", "worst_value"]
+__all__ = ["TABLE", "WORST_END", "Sign", "first_signs", "format_summary", "worst_step_text", "worst_value"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ def _value(record: Record, key: str) -> float:
     return record.metrics.get(key, math.nan)
 
 
-# key, label, which end is worse
+#: The summary's statistics and which end of each is the worse one ("min": the lowest value, "max": the highest):
+#: a low reward mean or pre-norm std, a high NaN count, zero-std share, post-norm std, p99 or max, a low min.
 TABLE: tuple[tuple[str, str], ...] = (
     ("rewards/mean", "min"),
     ("rewards/nan_count", "max"),
@@ -49,6 +50,10 @@ TABLE: tuple[tuple[str, str], ...] = (
     ("advantages/post_norm/p99", "max"),
     ("advantages/post_norm/nan_count", "max"),
 )
+
+
+#: How the summary names each end.
+WORST_END = {"min": "lowest", "max": "highest"}
 
 
 def first_signs(records: Sequence[Record], thresholds: Thresholds | None = None) -> list[Sign]:
@@ -72,6 +77,18 @@ def worst_value(records: Sequence[Record], key: str, end: str) -> tuple[float, i
     return pick(values, key=lambda v: v[0])
 
 
+def worst_step_text(records: Sequence[Record], key: str, step: int | str) -> str:
+    """The worst value's step, or ``every step`` where ``key`` has one value throughout (its first step says nothing).
+
+    Example:
+        >>> records = [Record("r", s, 0.0, "e", None, {"n": 0.0, "m": float(s % 2)}) for s in range(3)]
+        >>> worst_step_text(records, "n", 0), worst_step_text(records, "m", 1)
+        ('every step', '1')
+    """
+    values = {_value(r, key) for r in records if math.isfinite(_value(r, key))}
+    return "every step" if len(values) == 1 and len(records) > 1 else str(step)
+
+
 def format_summary(run: str, records: Sequence[Record], source: str = "") -> str:
     """Human-readable summary of one run (what ``advmon demo`` and ``advmon summary`` print)."""
     records = sorted(records, key=lambda r: r.step)
@@ -80,10 +97,15 @@ def format_summary(run: str, records: Sequence[Record], source: str = "") -> str
     if not records:
         return "\n".join(lines + ["  no records"])
     last = records[-1]
-    lines.append(f"  {'metric':34} {'last':>12}   {'worst':>12} (step)")
+    lines.append(f"  {'metric':34} {'last':>12}   worst: the lowest or highest value over the run, and its step")
     for key, end in TABLE:
         worst = worst_value(records, key, end)
-        worst_text = f"{worst[0]:>12.5g} ({worst[1]})" if worst else f"{'-':>12}"
+        if worst:
+            where = worst_step_text(records, key, worst[1])
+            at = "at" if where == "every step" else "at step"
+            worst_text = f"{WORST_END[end]:<8}{_fmt(worst[0]):>12} {at} {where}"
+        else:
+            worst_text = f"{WORST_END[end]:<8}{'-':>12}"
         lines.append(f"  {key:34} {_fmt(_value(last, key)):>12}   {worst_text}")
     signs = first_signs(records)
     if not signs:

@@ -88,7 +88,7 @@ def test_a_file_with_several_runs_needs_one_named(tmp_path):
     "make, message",
     [
         (lambda d: d / "missing.jsonl", "no such file"),
-        (lambda d: (d / "empty.jsonl").write_text("") and d / "empty.jsonl" or d / "empty.jsonl", "no records"),
+        (lambda d: (d / "empty.jsonl").write_text("") and d / "empty.jsonl" or d / "empty.jsonl", "no advmon records"),
         (lambda d: (d / "bad.wandb").write_bytes(b"not a wandb file") and d / "bad.wandb", "not a W&B run file"),
         (lambda d: (d / "garbage.jsonl").write_text("{]\n{}\n") and d / "garbage.jsonl", "not an advmon record"),
     ],
@@ -190,7 +190,7 @@ def test_a_long_run_reports_with_a_progress_bar(tmp_path, capfd):
     assert main(["report", str(path), "--out", str(tmp_path / "long.html")]) == 0
     elapsed = time.monotonic() - started
     err = capfd.readouterr().err
-    assert "%" in err and "done in" in err  # the bar, since it took more than a second
+    assert "report long: taking a while" in err and "done in" in err  # since it took more than a second
     assert elapsed < 90
     assert (tmp_path / "long.html").stat().st_size < 3_000_000  # long runs are drawn reduced, not point by point
 
