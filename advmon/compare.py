@@ -218,14 +218,15 @@ class Comparison:
             strongest = max(self.statistics, key=lambda s: s.max_abs_z if math.isfinite(s.max_abs_z) else -1, default=None)
             detail = f"; largest |z| {strongest.max_abs_z:.2f} on {strongest.key}" if strongest else ""
             lines.append(f"equivalent: no statistic diverged beyond the runs' own noise{detail}")
-        lines.append(f"  {'statistic':32} {'verdict':10} {'first step':>10} {'max |z|':>8} {'mean A':>12} {'mean B':>12}"
-                     "  why")
         ordered = self.diverged_in_order() + [s for s in self.statistics if not s.diverged]
+        width = max([len("statistic"), *(len(s.key) for s in ordered)])  # columns line up whatever the keys
+        lines.append(f"  {'statistic':{width}} {'verdict':10} {'first step':>10} {'max |z|':>8} {'mean A':>12} "
+                     f"{'mean B':>12}  why")
         for s in ordered:
             verdict = "DIVERGED" if s.diverged else "same"
             first = "-" if s.first_step is None else str(s.first_step)
             why = REASONS[s.reason] if s.reason else ""
-            lines.append(f"  {s.key:32} {verdict:10} {first:>10} {_fmt(s.max_abs_z):>8} {_fmt(s.mean_a):>12} "
+            lines.append(f"  {s.key:{width}} {verdict:10} {first:>10} {_fmt(s.max_abs_z):>8} {_fmt(s.mean_a):>12} "
                          f"{_fmt(s.mean_b):>12}  {why}".rstrip())
         if self.slices:
             found = self.first_slice
@@ -235,8 +236,10 @@ class Comparison:
             else:
                 label, step, keys = found
                 lines.append(f"slices: {label} diverges first, at step {step} ({', '.join(keys)})")
-            for s in sorted((s for s in self.slices if s.diverged), key=lambda s: (s.first_step, -s.max_abs_z)):
-                lines.append(f"  {s.key:48} DIVERGED at step {s.first_step:>6} max |z| {_fmt(s.max_abs_z)}")
+            diverged = sorted((s for s in self.slices if s.diverged), key=lambda s: (s.first_step, -s.max_abs_z))
+            width = max([0, *(len(s.key) for s in diverged)])
+            for s in diverged:
+                lines.append(f"  {s.key:{width}} DIVERGED at step {s.first_step:>6} max |z| {_fmt(s.max_abs_z)}")
         return "\n".join(lines)
 
     def to_json(self) -> str:
@@ -244,7 +247,15 @@ class Comparison:
 
 
 def _fmt(value: float) -> str:
-    return "-" if not math.isfinite(value) else f"{value:.4g}"
+    """4 significant digits; float noise around 0 (a mean of -2e-20) reads 0.
+
+    Example:
+        >>> _fmt(-1.962e-20), _fmt(1861.37), _fmt(math.nan)
+        ('0', '1861', '-')
+    """
+    if not math.isfinite(value):
+        return "-"
+    return "0" if abs(value) < 1e-12 else f"{value:.4g}"
 
 
 def slice_of(key: str) -> str:

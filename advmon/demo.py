@@ -124,9 +124,12 @@ def run_steps(monitor: Monitor, config: DemoConfig, unstable: bool):
     """Drive one simulated run through ``monitor``, yielding after each step."""
     generator = torch.Generator().manual_seed(config.seed * 2 + int(unstable))
 
-    @monitor.watch(normalization="group_loo_std")  # NeMo-RL's: each sample divided by its peers' std
     def compute_advantage(prompt_ids, rewards, mask):
         return grpo_advantages(prompt_ids, rewards, mask, one_pass_std=unstable)
+
+    compute_advantage.__qualname__ = "compute_advantage"  # the records name advmon.demo.compute_advantage
+    # NeMo-RL's normalization: each sample divided by its peers' std.
+    compute_advantage = monitor.watch(normalization="group_loo_std")(compute_advantage)
 
     half = PROMPTS_PER_STEP // 2 * GROUP_SIZE
     # Two data sources, as a data mix has: every third prompt is competition math.
@@ -155,7 +158,7 @@ def run_demo(config: DemoConfig) -> str:
         records = read_jsonl(path)
         sections.append(format_summary(run, records, str(path)) + "\n" + _alerts_section(records))
     sections.append(
-        "Alerts: the catalog of advmon/rules.py, evaluated as `advmon alerts check advmon-runs/*.jsonl` does;\n"
+        f"Alerts: the catalog of advmon/rules.py, evaluated as `advmon alerts check {config.out}` does;\n"
         "`advmon alerts generate` writes the same rules for Prometheus and Alertmanager (alerts/)."
     )
     try:
@@ -185,8 +188,8 @@ def _report_and_comparison(config: DemoConfig) -> str:
     return (
         f"{verdict}\n"
         f"Open in a browser: {report} (the tp2 report) and {page} (the comparison).\n"
-        "Same from the command line: advmon report advmon-runs/tp2.jsonl; "
-        "advmon compare advmon-runs/tp1.jsonl advmon-runs/tp2.jsonl"
+        f"Same from the command line: advmon report {config.out / 'tp2.jsonl'}; "
+        f"advmon compare {config.out / 'tp1.jsonl'} {config.out / 'tp2.jsonl'}"
     )
 
 

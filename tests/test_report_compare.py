@@ -232,6 +232,13 @@ def test_demo_runs_diverge_text_json_and_html(tmp_path, capsys):
     assert main(["compare", str(tp1), str(tp1)]) == 0
     assert "equivalent" in capsys.readouterr().out
     assert (tmp_path / "cmp.html").read_text().count("<svg") >= 10
+    # The terminal table: one column start per field on every row (however long the slice keys), no float noise.
+    rows = [line for line in text.splitlines() if re.match(r"  (?!slices/)\S+ +(DIVERGED|same) ", line)]
+    assert len(rows) >= 10
+    assert len({re.search(r" (DIVERGED|same) ", row).start() for row in rows}) == 1
+    slice_rows = [line for line in text.splitlines() if line.startswith("  slices/")]
+    assert slice_rows and len({row.index(" DIVERGED at step") for row in slice_rows}) == 1
+    assert not re.search(r"e-(1[3-9]|[2-9]\d)\b", text), text  # a mean of -2e-20 is 0
 
 
 def _demo_runs(tmp_path):

@@ -56,9 +56,14 @@ def runbook_html(alert: str) -> str:
         lines = block.strip().splitlines()
         if not lines:
             continue
-        if all(line.startswith(("- ", "  ")) for line in lines):
-            items = " ".join(lines).split("- ")[1:]
-            parts.append("<ul>" + "".join(f"<li>{_inline(item.strip())}</li>" for item in items) + "</ul>")
+        if lines[0].startswith("- ") and all(line.startswith(("- ", "  ")) for line in lines):
+            items: list[str] = []
+            for line in lines:  # an item starts at "- "; an indented line continues it
+                if line.startswith("- "):
+                    items.append(line[2:].strip())
+                else:
+                    items[-1] += " " + line.strip()
+            parts.append("<ul>" + "".join(f"<li>{_inline(item)}</li>" for item in items) + "</ul>")
         else:
             parts.append(f"<p>{_inline(' '.join(line.strip() for line in lines))}</p>")
     return "\n".join(parts)
