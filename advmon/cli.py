@@ -13,7 +13,7 @@
 * ``advmon dashboards generate|preview``: Grafana boards, and pictures of them.
 
 A RUN is a JSONL file (``FILE#RUN`` for one of several), ``mlflow+TRACKING_URI#RUN``,
-a W&B offline run directory or ``tb+DIR``; see :mod:`advmon.runs`. ``summary`` and
+a W&B offline run directory, ``tb+DIR`` or ``trackio+PROJECT#RUN``; see :mod:`advmon.runs`. ``summary`` and
 ``alerts check`` also take a directory of JSONL files (every run in it).
 
 One convention for every command: exit code 0 when all is well, 1 for a finding (a
@@ -317,9 +317,10 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def default_report_path(run, suffix: str) -> Path:  # noqa: ANN001 - a runs.Run
-    """``report-<run>.<suffix>`` beside the run's file (as ``advmon demo`` writes it); for an MLflow run, here."""
+    """``report-<run>.<suffix>`` beside the run's file (as ``advmon demo`` writes it); for an MLflow or trackio run,
+    here."""
     source = run.source.removeprefix("tb+")
-    if source.startswith("mlflow+"):
+    if source.startswith(("mlflow+", "trackio+")):
         return Path(f"report-{run.name}.{suffix}")
     return Path(source).parent / f"report-{run.name}.{suffix}"
 

@@ -173,7 +173,8 @@ def test_help_lists_every_source_form(argv, capsys):
         main([*argv, "--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    for form in ("FILE.jsonl#RUN", "mlflow+TRACKING_URI#RUN", "W&B offline run directory", "tb+DIR"):
+    for form in ("FILE.jsonl#RUN", "mlflow+TRACKING_URI#RUN", "W&B offline run directory", "tb+DIR",
+                 "trackio+PROJECT#RUN", "trackio+PATH/PROJECT.db#RUN"):
         assert form in text, (argv, form)
     if argv[-1] in ("summary", "check"):
         assert "directory of JSONL files" in text

@@ -1,6 +1,6 @@
 """Recorded runs, read back from wherever advmon's sinks wrote them.
 
-One interface, :func:`read_run`, over four sources:
+One interface, :func:`read_run`, over five sources:
 
 * an advmon JSONL file: ``advmon-runs/tp2.jsonl`` (``FILE#RUN`` picks one run of a
   file holding several);
@@ -8,11 +8,14 @@ One interface, :func:`read_run`, over four sources:
   the ``advmon.run`` tag advmon sets (``mlflow+sqlite:///mlflow.db#grpo-tp2``,
   ``mlflow+http://127.0.0.1:5000#4f2a...``);
 * a W&B offline run: its directory (``wandb/offline-run-...``) or its ``.wandb`` file;
-* a TensorBoard run: ``tb+DIR``, the run's event-file directory (``tb+runs/grpo-tp2``).
+* a TensorBoard run: ``tb+DIR``, the run's event-file directory (``tb+runs/grpo-tp2``);
+* a trackio run: ``trackio+PROJECT#RUN`` in trackio's local store (``TRACKIO_DIR``, by default
+  ``~/.cache/huggingface/trackio``), or ``trackio+PATH/PROJECT.db#RUN`` (the project's SQLite file).
 
 Each gives the records advmon emitted, in step order: the same steps and metrics
 whichever sink wrote them (values W&B and MLflow cannot store, NaN and Inf, come
-back as ``nan``; MLflow keeps no estimator name, W&B keeps one row per step).
+back as ``nan``, trackio keeps them; MLflow and trackio keep no estimator name, W&B
+keeps one row per step).
 
 Example:
     >>> import tempfile, os
@@ -37,7 +40,8 @@ __all__ = ["Run", "RunSourceError", "SOURCE_FORMS", "read_run", "read_runs"]
 
 #: The forms a run's source takes, as the CLI's help lists them.
 SOURCE_FORMS = ("FILE.jsonl (FILE.jsonl#RUN for one of several runs in it), mlflow+TRACKING_URI#RUN_ID_OR_NAME, "
-                "a W&B offline run directory (wandb/offline-run-...) or its .wandb file, tb+DIR (TensorBoard event files)")
+                "a W&B offline run directory (wandb/offline-run-...) or its .wandb file, tb+DIR (TensorBoard event files), "
+                "trackio+PROJECT#RUN or trackio+PATH/PROJECT.db#RUN (trackio's local store)")
 
 #: Key prefixes that are advmon's (other keys of a shared W&B/MLflow run are the trainer's).
 ADVMON_PREFIXES = ("rewards/", "advantages/", "groups/", "estimator/", "advmon/")
@@ -77,8 +81,15 @@ class Run:
 
 
 def read_run(source: str | Path) -> Run:
-    """Read one run from a JSONL file, an MLflow run, a W&B offline run or TensorBoard files (see the module doc)."""
+    """Read one run from a JSONL file, an MLflow run, a W&B offline run, TensorBoard files or trackio (see the module doc)."""
     text = str(source)
+    if text.startswith("trackio+"):
+        from advmon.runs.trackio import read_trackio_run
+
+        store, _, run = text.removeprefix("trackio+").rpartition("#")
+        if not store or not run:
+            raise RunSourceError(f"expected trackio+PROJECT#RUN or trackio+PATH/PROJECT.db#RUN, got {text!r}")
+        return _checked(read_trackio_run(store, run), text)
     if text.startswith("tb+"):
         from advmon.runs.tensorboard import read_tensorboard_run
 
@@ -114,7 +125,7 @@ def read_runs(source: str | Path) -> list[Run]:
     """
     text = str(source)
     path = Path(text)
-    if text.startswith(("tb+", "mlflow+")) or "#" in text or not path.is_dir() and path.suffix == ".wandb":
+    if text.startswith(("tb+", "mlflow+", "trackio+")) or "#" in text or not path.is_dir() and path.suffix == ".wandb":
         return [read_run(text)]
     if not path.exists():
         raise RunSourceError(f"{path}: no such file or directory")

@@ -1,6 +1,6 @@
 """Sinks from short strings, for configs, the CLI and ``ADVMON_SINKS``.
 
-Forms: ``jsonl[:PATH]``, ``wandb[:PROJECT]``, ``mlflow[:TRACKING_URI]``, ``tensorboard[:DIR]``,
+Forms: ``jsonl[:PATH]``, ``wandb[:PROJECT]``, ``mlflow[:TRACKING_URI]``, ``tensorboard[:DIR]``, ``trackio[:PROJECT]``,
 ``prometheus[:[HOST:]PORT]``, ``pushgateway:URL``, ``ray-metrics`` (Ray's metrics agent), and the in-process alerts
 ``slack:ENV_VAR_OR_FILE`` (the webhook URL's source, never the URL) and ``wandb-alert``.
 
@@ -24,10 +24,11 @@ __all__ = ["ENV_VAR", "SPEC_FORMS", "alert_sink_from_specs", "parse_spec", "sink
 
 ENV_VAR = "ADVMON_SINKS"
 SPEC_FORMS = (
-    "jsonl[:PATH], wandb[:PROJECT], mlflow[:TRACKING_URI], tensorboard[:DIR], prometheus[:[HOST:]PORT], pushgateway:URL, "
-    "ray-metrics, slack:ENV_VAR_OR_FILE, wandb-alert"
+    "jsonl[:PATH], wandb[:PROJECT], mlflow[:TRACKING_URI], tensorboard[:DIR], trackio[:PROJECT], "
+    "prometheus[:[HOST:]PORT], pushgateway:URL, ray-metrics, slack:ENV_VAR_OR_FILE, wandb-alert"
 )
-_KINDS = ("jsonl", "wandb", "mlflow", "tensorboard", "prometheus", "pushgateway", "ray-metrics", "slack", "wandb-alert")
+_KINDS = ("jsonl", "wandb", "mlflow", "tensorboard", "trackio", "prometheus", "pushgateway", "ray-metrics", "slack",
+          "wandb-alert")
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -78,6 +79,10 @@ def sink_from_spec(spec: str, run: str) -> SinkLike:
         from advmon.sinks.tensorboard import TensorBoardSink
 
         return TensorBoardSink(argument or Path("advmon-runs") / "tensorboard")
+    if kind == "trackio":
+        from advmon.sinks.trackio import TrackioSink
+
+        return TrackioSink(project=argument or None)
     if kind == "prometheus":
         from advmon.sinks.prometheus import PrometheusSink
 
