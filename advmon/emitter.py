@@ -273,12 +273,14 @@ class Delivery:
         metrics.update({f"advmon/dropped_records/{name}": float(dropped[name]) for name in self.names})
         return metrics
 
-    def flush(self, timeout: float) -> dict[str, int]:
-        """Wait for queued records to be delivered; what is left per sink."""
+    def flush(self, timeout: float, only: Callable[[SinkLike], bool] | None = None) -> dict[str, int]:
+        """Wait for queued records to be delivered (to the sinks ``only`` picks, default all); what is left per sink."""
         deadline = time.monotonic() + timeout
         for sink, name in self._sync:
-            _call_quietly(sink, "flush", name, self._warn)
-        return {w.name: w.drain(max(deadline - time.monotonic(), 0.0)) for w in self.workers}
+            if only is None or only(sink):
+                _call_quietly(sink, "flush", name, self._warn)
+        return {w.name: w.drain(max(deadline - time.monotonic(), 0.0)) for w in self.workers
+                if only is None or only(w.sink)}
 
     def close(self, timeout: float) -> dict[str, int]:
         """Deliver what can be delivered within ``timeout``, close every sink; undelivered per sink."""

@@ -7,13 +7,14 @@ to the host once, is summarised and handed to every sink.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
 import torch
@@ -66,6 +67,10 @@ from advmon.sinks.specs import sinks_from_env, specs_from_env
 from advmon.stats import Part, statistics_threads
 from advmon.steps import StepTracker
 
+if TYPE_CHECKING:
+    from advmon.alerts.evaluator import AlertEvent
+    from advmon.stopping import StopOn, StopWatch
+
 __all__ = ["Monitor", "get_monitor", "monitor_from_environment", "set_monitor"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -79,7 +84,7 @@ class Monitor:
             readable generated id such as ``run-20261202-181533-4f2a``).
         sinks: where records go: objects with ``write(record)`` or spec strings
             (``"jsonl:PATH"``, ``"wandb:PROJECT"``, ``"mlflow:URI"``,
-            ``"prometheus:HOST:PORT"``, ``"pushgateway:URL"``). Default: a
+            ``"trackio:PROJECT"``, ``"prometheus:HOST:PORT"``, ``"pushgateway:URL"``). Default: a
             :class:`~advmon.sinks.JsonlSink` writing ``advmon-runs/<run>.jsonl``
             plus the sinks named in ``ADVMON_SINKS``.
         reward_range: ``(lo, hi)`` bounds of the reward, to report all-fail and
@@ -121,12 +126,20 @@ class Monitor:
         histograms: whether records carry the pre- and post-norm advantages'
             distributions (``Record.histograms``: at most 64 bins from the statistics'
             own histogram). Default: when a sink draws or keeps them (JSONL,
-            TensorBoard, W&B); ``ADVMON_HISTOGRAMS=0`` turns them off for the
+            TensorBoard, W&B, trackio); ``ADVMON_HISTOGRAMS=0`` turns them off for the
             process-wide monitor.
         resume: continue a run in the JSONL files it wrote before (a job restarted
             from a checkpoint; ``ADVMON_RESUME=1``). By default a JSONL file that
             already holds records is moved aside (said once) and the run starts
             its own, so running a script twice never mixes two runs in one file.
+        stop_on: ask the training loop to stop when an alert fires (off by default):
+            ``"critical"`` (every critical rule of the catalog) or a list of alert
+            names (``["AdvmonNonFiniteRewards"]``). The rules are evaluated in-process,
+            with or without ``alerts``. When one fires, the record is in the JSONL file
+            and the notifiers have been handed the alert (:mod:`advmon.stopping`) before
+            :attr:`should_stop` turns true; the loop reads it (TRL's trainer:
+            :class:`~advmon.integrations.trl.MonitoredGRPOTrainer` does). advmon itself
+            never stops or raises into training.
 
     Example:
         >>> import torch, tempfile, os
@@ -164,6 +177,7 @@ class Monitor:
         resume: bool = False,
         runbook_base: str = "",
         dashboard_url: str = "",
+        stop_on: StopOn = None,
     ) -> None:
         if step_source is not None and not callable(step_source):
             raise AdvmonConfigError(f"step_source must be a callable returning the training step, got {step_source!r}")
@@ -174,6 +188,7 @@ class Monitor:
         self._slice_index = SliceIndex(checked_max_slices(max_slices))
         # The alerts' own bound decides which groups are "beyond" it.
         self._bound_factor = Thresholds.with_overrides(alert_thresholds)["bound_factor"]
+        self._stop = _stop_watch(stop_on, alert_thresholds)
         self._lock = threading.RLock()
         self.rank = global_rank()
         if reduce not in ("none", "ranks"):
@@ -411,6 +426,33 @@ class Monitor:
         return self._last_record
 
     @property
+    def should_stop(self) -> bool:
+        """Whether an alert named in ``stop_on`` fired: the training loop should stop after this step.
+
+        True only once the record that fired it is in the JSONL file and the alert was handed to the
+        notifiers. Always ``False`` without ``stop_on``. Example:
+
+            >>> monitor = Monitor("doc", sinks=[], stop_on="critical")
+            >>> monitor.observe(rewards=torch.tensor([1.0, 0.0]))
+            >>> monitor.should_stop
+            False
+            >>> monitor.observe(rewards=torch.tensor([1.0, float("nan")]))
+            >>> monitor.should_stop, monitor.stop_reason.alert, monitor.stop_reason.step
+            (True, 'AdvmonNonFiniteRewards', 1)
+        """
+        return self._stop is not None and self._stop.reason is not None
+
+    @property
+    def stop_reason(self) -> AlertEvent | None:
+        """The alert that made :attr:`should_stop` true (its name, step, value, description), else ``None``."""
+        return self._stop.reason if self._stop is not None else None
+
+    @property
+    def stop_on(self) -> tuple[str, ...]:
+        """The alerts that stop this run (empty: it never asks to stop)."""
+        return self._stop.names if self._stop is not None else ()
+
+    @property
     def internal_errors(self) -> int:
         """How many problems advmon met so far (also ``advmon/internal_errors``)."""
         return self._internal_errors
@@ -574,6 +616,15 @@ class Monitor:
             self._emit(step, calls)
 
     def _emit(self, step: int, calls: list[CallParts], quiet: bool = False) -> None:
+        if self._stop is None or self.reduce != "ranks":
+            self._emit_record(step, calls, quiet)
+            return
+        try:
+            self._emit_record(step, calls, quiet)
+        finally:  # every rank, every step, whatever happened on rank 0: a collective
+            self._share_stop()
+
+    def _emit_record(self, step: int, calls: list[CallParts], quiet: bool) -> None:
         try:
             record = self._build_record(step, calls, quiet)
         except AdvmonError:
@@ -586,7 +637,42 @@ class Monitor:
         if record is None:  # reduce="ranks": rank 0 emits for every rank
             return
         self._last_record = record
-        self._delivery.send(record)
+        self._delivery.send(record)  # the JSONL line is written and flushed here, before anything else
+        if self._stop is not None:
+            self._check_stop(record, quiet)
+
+    def _check_stop(self, record: Record, quiet: bool) -> None:
+        """On a stopping alert: let the notifiers take it (bounded), then turn ``should_stop`` true, and say so."""
+        from advmon.stopping import notifies
+
+        try:
+            event = self._stop.check(record)  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the loop's
+            self._report([_internal_problem(exc)], cause=exc, quiet=quiet)
+            return
+        if event is None:
+            return
+        left = sum(self._delivery.flush(self.close_timeout, only=notifies).values())
+        if left:
+            self._warn_sink("stop_undelivered", f"the alert {event.alert} that stops run {self.run} had not reached "
+                            f"its notifiers within {self.close_timeout:g}s (close_timeout); stopping anyway, "
+                            "close() delivers it")
+        self._stop.reason = event  # type: ignore[union-attr]
+        logging.getLogger("advmon").warning(
+            "advmon: run %s asks the training loop to stop: %s (%s) fired at step %d: %s [stop_on; monitor.should_stop "
+            "is now true]", self.run, event.alert, event.severity, event.step, event.description)
+
+    def _share_stop(self) -> None:
+        """``reduce="ranks"``: rank 0 alone sees records; every rank learns its decision at the same step."""
+        from advmon.stopping import shared_reason
+
+        try:
+            reason = shared_reason(self._stop.reason)  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the loop's
+            self._report([_internal_problem(exc)], cause=exc, quiet=True)
+            return
+        if reason is not None and self._stop.reason is None:  # type: ignore[union-attr]
+            self._stop.reason = reason  # type: ignore[union-attr]
 
     def _build_record(self, step: int, calls: list[CallParts], quiet: bool) -> Record | None:
         if self.reduce == "ranks":
@@ -664,6 +750,15 @@ class Monitor:
             )
 
 
+
+
+def _stop_watch(stop_on: Any, thresholds: Mapping[str, float] | None) -> StopWatch | None:
+    """What ``stop_on`` asks for (checked now, not at the first record); ``None``: never stop."""
+    if stop_on is None:
+        return None
+    from advmon.stopping import StopWatch, stop_rules
+
+    return StopWatch(stop_rules(stop_on), Thresholds.with_overrides(thresholds))
 
 
 def _numeric_metrics(metrics: dict[str, Any], problems: list[Problem]) -> dict[str, float | torch.Tensor]:

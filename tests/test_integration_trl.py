@@ -248,7 +248,7 @@ def test_a_reward_function_returning_none_for_one_source_is_named_everywhere(tmp
     html = page.read_text()
     where = html[html.index("<h2>Where</h2>"):]
     assert "AdvmonRewardFunctionNonFinite function=graded at step" in where
-    assert f"<td>{beta_groups[0]}</td><td>nonfinite_reward_functions</td><td>beta</td>" in where
+    assert f"<td class='id'>{beta_groups[0]}</td><td>nonfinite_reward_functions</td><td>beta</td>" in where
     assert "By reward function: NaN/Inf scores per step" in where and "By slice: reward mean" in where
 
 

@@ -29,6 +29,13 @@ monitor of run ``<run>-eval`` created on the first evaluation), aggregated per
 training step, never into the training sequence. Every process takes part in the
 gather; only the main process (rank 0) emits.
 
+A monitor made with ``stop_on`` (``Monitor(..., stop_on="critical")``) stops the
+training at the end of the step whose record fired a stopping alert: the mixin sets
+TRL's ``control.should_training_stop`` there (after that step's optimizer update and
+log, as any ``TrainerCallback`` would). With several processes, the main process's
+decision reaches every process at that step: one small gather when training begins (does
+any process's monitor have ``stop_on``?), then, if one does, one per step.
+
 Example (with TRL installed)::
 
     from advmon.integrations.trl import MonitoredGRPOTrainer
@@ -46,6 +53,7 @@ from typing import Any
 import torch
 
 from advmon.errors import AdvmonConfigError, warn
+from advmon.lifecycle import current_default
 from advmon.monitor import Monitor, get_monitor
 
 __all__ = ["AdvmonGRPOMixin", "MonitoredGRPOTrainer"]
@@ -72,7 +80,9 @@ class AdvmonGRPOMixin:
         self.advmon_slice_column = slice_column
         self._advmon_rewards_per_func: torch.Tensor | None = None
         self._advmon_slices: list[Any] | None = None
+        self._advmon_share_stop = False
         super().__init__(*args, **kwargs)
+        self.add_callback(_stop_callback(self))  # type: ignore[attr-defined]
 
     # The rewards TRL gathered across processes, caught on their way through.
     def _calculate_rewards(self, *args: Any, **kwargs: Any) -> Any:
@@ -171,6 +181,28 @@ class AdvmonGRPOMixin:
         rewards[torch.isnan(per_function).all(dim=1)] = torch.nan
         return rewards
 
+    def _advmon_monitors(self) -> list[Monitor]:
+        """The monitors this trainer records to, as they are now (none is created here)."""
+        training = self.advmon_monitor if self.advmon_monitor is not None else current_default()
+        return [m for m in (training, self.advmon_eval_monitor) if m is not None]
+
+    def _advmon_stop_begin(self) -> None:
+        """Whether the processes must share stop decisions: some process's monitor has ``stop_on`` (one gather)."""
+        configured = any(m.stop_on for m in self._advmon_monitors())
+        accelerator = self.accelerator  # type: ignore[attr-defined]
+        if accelerator.num_processes > 1:
+            flags = accelerator.gather(torch.tensor([float(configured)], device=accelerator.device))
+            configured = bool(flags.max() > 0)
+        self._advmon_share_stop = configured and accelerator.num_processes > 1
+
+    def _advmon_should_stop(self) -> bool:
+        """Whether a monitor asks to stop, as every process agrees (the main process decides)."""
+        stop = any(m.should_stop for m in self._advmon_monitors())
+        if self._advmon_share_stop:
+            accelerator = self.accelerator  # type: ignore[attr-defined]
+            stop = bool(accelerator.gather(torch.tensor([float(stop)], device=accelerator.device)).max() > 0)
+        return stop
+
     def _advmon_evaluation_monitor(self) -> Monitor:
         if self.advmon_eval_monitor is None:
             train = self._advmon_training_monitor()
@@ -179,6 +211,33 @@ class AdvmonGRPOMixin:
                 step_source=lambda: int(self.state.global_step),  # type: ignore[attr-defined]
             )
         return self.advmon_eval_monitor
+
+
+def _stop_callback(trainer: AdvmonGRPOMixin) -> Any:
+    """The ``TrainerCallback`` that ends training after a step whose record fired a stopping alert."""
+    from transformers import TrainerCallback
+
+    class AdvmonStopOnAlert(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            _quietly(trainer, trainer._advmon_stop_begin)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if _quietly(trainer, trainer._advmon_should_stop):
+                control.should_training_stop = True
+
+    return AdvmonStopOnAlert()
+
+
+def _quietly(trainer: AdvmonGRPOMixin, action: Any) -> Any:
+    """``action()``; advmon's own failure is a warning, never the trainer's exception (unless strict)."""
+    try:
+        return action()
+    except Exception as exc:  # noqa: BLE001 - advmon's failure must not stop training
+        monitor = trainer.advmon_monitor
+        if monitor is not None and monitor.strict:
+            raise
+        warn(f"advmon: could not decide whether to stop TRL's training: {exc!r}")
+        return None
 
 
 def _trainer_class() -> type:
