@@ -251,18 +251,19 @@ def many_block_cases(draw):
         lengths = [draw(st.integers(0, cols))] * rows
     seed = draw(st.integers(0, 2**31 - 1))
     scale = draw(st.sampled_from([1e-30, 1e-3, 1.0, 1e4, 1e30]))
-    offset = draw(st.sampled_from([0.0, 1000.0, -5.0]))
+    offset = draw(st.sampled_from([0.0, 1000.0, -5.0, 1e8, -1e12]))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
     spoilt = draw(st.lists(st.tuples(st.integers(0, rows * cols - 1), st.sampled_from([math.nan, math.inf, -math.inf])),
                            max_size=3))
-    return rows, cols, [max(0, min(cols, n)) for n in lengths], seed, scale, offset, spoilt
+    return rows, cols, [max(0, min(cols, n)) for n in lengths], seed, scale, offset, dtype, spoilt
 
 
 @settings(max_examples=100, deadline=None)
 @given(case=many_block_cases())
 def test_many_small_blocks_and_groups_agree_bin_for_bin(case):
-    rows, cols, lengths, seed, scale, offset, spoilt = case
+    rows, cols, lengths, seed, scale, offset, dtype, spoilt = case
     generator = torch.Generator().manual_seed(seed)
-    values = torch.randn(rows, cols, generator=generator) * scale + offset
+    values = torch.randn(rows, cols, generator=generator, dtype=dtype) * scale + offset
     for position, value in spoilt:
         values.view(-1)[position] = value
     mask = prefix_mask(lengths, cols)
@@ -271,11 +272,15 @@ def test_many_small_blocks_and_groups_agree_bin_for_bin(case):
         patch.setattr(prefix_sketch, "GROUP_ROWS", 4)
         patch.setattr(prefix_sketch, "_PENDING_BINS", 600)  # bins counted every two or three blocks
         part = prefix_part(values, prefix_lengths(mask))
+        # With the rows' sums the slices take, which give blocks their sums.
+        with_rows = prefix_part(values, prefix_lengths(mask), prefix_sketch.RowExtremes(rows, dtype, sums=True))
     if sum(lengths) == 0 or _guess(values, lengths) is None:
-        assert part is None
+        assert part is None and with_rows is None
         return
     assert part is not None
-    assert_stats_close(summarize([part]), value_stats(values.numpy(), mask.numpy()), exact_percentiles=False)
+    expected = value_stats(values.numpy(), mask.numpy())
+    assert_stats_close(summarize([part]), expected, exact_percentiles=False)
+    assert_stats_close(summarize([with_rows]), expected, exact_percentiles=False)
     assert_same_sketch(part, general_part(values, mask))
 
 
@@ -306,3 +311,17 @@ def test_row_extremes_taken_on_the_way_match_numpy(dtype):
             assert float(extremes.total[row]) == pytest.approx(math.fsum(valid), rel=1e-12, abs=1e-300)
         else:
             assert float(extremes.total[row]) == 0.0
+
+
+@pytest.mark.parametrize("offset", [1e8, 1e12])
+def test_the_rows_sums_taken_for_slices_keep_the_std_on_its_own_scale(offset):
+    """Found by issue 31's check on the statistic's scale: a block's centred sum taken from its rows' float64
+    sums kept their rounding at the data's magnitude, 4e-8 of the std at 1e8 with a spread of 1e-3."""
+    rng = np.random.default_rng(7)
+    rows, cols = 300, 257
+    lengths = rng.integers(0, cols + 1, rows)
+    x = rng.standard_normal((rows, cols)) * 1e-3 + offset
+    extremes = prefix_sketch.RowExtremes(rows, torch.float64, sums=True)
+    part = prefix_part(torch.from_numpy(x), torch.from_numpy(lengths), extremes)
+    assert part is not None and extremes.complete  # the rows' sums were taken on the way
+    assert_stats_close(summarize([part]), value_stats(x, prefix_mask(lengths, cols).numpy()), exact_percentiles=False)
