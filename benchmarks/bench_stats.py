@@ -104,7 +104,7 @@ def general_path(fn: Callable[[], object]) -> Callable[[], object]:
 
     def run() -> object:
         real = stats._sketch_prefix
-        stats._sketch_prefix = lambda values, valid: None
+        stats._sketch_prefix = lambda values, valid, extremes=None: None
         try:
             return fn()
         finally:
