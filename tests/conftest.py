@@ -6,9 +6,10 @@ import pytest
 import torch
 
 # Without a GPU, Triton runs its kernels on CPU tensors with NumPy; it reads this when a
-# kernel is defined, so it is set before any test imports advmon's Triton modules.
+# kernel is defined, so it is set before any test imports advmon's Triton modules. Set, not
+# defaulted: an inherited TRITON_INTERPRET=0 would leave the kernels nothing to run on.
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import advmon
 from advmon.record import Record

@@ -17,27 +17,36 @@ from pathlib import Path
 import pytest
 
 
+def in_ci() -> bool:
+    """Whether the suite runs in CI (``CI=true``, ``1`` or ``yes``), where nothing may be skipped."""
+    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def unavailable(message: str) -> None:
+    """Stop a test (or a whole module) that cannot run here: a failure in CI, a skip that says why elsewhere."""
+    if in_ci():
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+
 def require_binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        message = f"{name} is not installed (make test installs it from Debian packages)"
-        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"{name} is not installed (make test installs it from Debian packages)")
     return path
 
 
 def require_module(name: str):
-    """Import an optional package the tests need; in CI its absence fails instead of skipping."""
+    """Import an optional package the tests need; in CI its absence fails instead of skipping.
+
+    Use it instead of ``pytest.importorskip``, which skips in CI too.
+    """
     import importlib
 
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError:
-        message = f"{name} is not installed (make test installs it)"
-        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message, allow_module_level=True)
+        unavailable(f"{name} is not installed (make test installs it)")
 
 
 def free_port() -> int:
@@ -164,7 +173,7 @@ def start_mlflow_server(workdir: Path, store: Path) -> tuple[Service, str]:
         ],
         workdir,
         f"{url}/health",
-        ready_timeout=90,
+        ready_timeout=300,  # a hang guard: MLflow's server imports for a minute and more on a busy machine
     )
     return service, url
 
@@ -218,3 +227,58 @@ class FakeSlack:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class Unanswering:
+    """A TCP server on 127.0.0.1 that accepts every connection and never answers: a backend that hangs.
+
+    ``port`` is free by default or one a stopped service left; ``held`` are the connections taken;
+    ``close()`` drops them and stops listening, so a client's next attempt is refused at once.
+    """
+
+    def __init__(self, port: int = 0) -> None:
+        import threading
+
+        self._socket = socket.socket()
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a stopped service's port
+        self._socket.bind(("127.0.0.1", port))
+        self._socket.listen(50)
+        self.port = self._socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._swallow, daemon=True).start()
+
+    def _swallow(self) -> None:
+        while True:
+            try:
+                self.held.append(self._socket.accept()[0])
+            except OSError:  # closed
+                return
+
+    def close(self) -> None:
+        try:  # wakes the blocked accept(): a plain close() would leave the kernel listening until it returns
+            self._socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._socket.close()
+        for connection in self.held:
+            connection.close()
+
+    def __enter__(self) -> Unanswering:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def mlflow_sqlite_store(directory: Path) -> str:
+    """A new MLflow sqlite store in ``directory`` whose artifacts stay there too; its tracking URI.
+
+    A store a client creates gives its default experiment ``./mlruns`` of the current directory
+    (the repository, under pytest) for artifacts: created here first, they go to ``directory/artifacts``.
+    """
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    SqlAlchemyStore(uri, (directory / "artifacts").as_uri()).engine.dispose()
+    return uri

@@ -57,43 +57,51 @@ def test_unstable_run_reaches_slack_and_resolves_stable_run_stays_quiet(tmp_path
     unstable = advmon.Monitor("unstable-run", sinks=[PrometheusSink(port=0)])
     targets = {f"grpo-{m.run}": f"127.0.0.1:{m.sinks[0].port}" for m in (stable, unstable)}
     alertmanager, am_url = start_alertmanager(tmp_path, tmp_path / "alerts" / "alertmanager.yml")
-    prometheus, _ = start_prometheus(
+    prometheus, prometheus_url = start_prometheus(
         tmp_path, targets, rule_files=[tmp_path / "alerts" / "advmon-rules.yml"], alertmanager=am_url.removeprefix("http://")
     )
     rng = np.random.default_rng(0)
-    started = time.monotonic()
     wall_started = time.time()
+    failing_steps = []  # the steps the test gave NaN rewards
+    hang_guard = 60  # steps, each at least one scrape (1 s) apart; the test needs a handful
     try:
         step = 0
 
         def tick(nan_rewards: int = 0) -> None:
+            """One step of both runs; the next waits until Prometheus has scraped it (each scrape sees one new step)."""
             nonlocal step
             with stable.step(step):
                 grpo_step(stable, rng)
             with unstable.step(step):
                 grpo_step(unstable, rng, nan_rewards)
+            if nan_rewards:
+                failing_steps.append(step)
+            wanted = {m.run: float(step) for m in (stable, unstable)}
+            wait_for(lambda: scraped_steps(prometheus_url) == wanted, 30, f"Prometheus to scrape step {step}")
             step += 1
-            time.sleep(1.0)
 
         # Counters are scraped at 0 before anything happens (Prometheus needs a few seconds).
         wait_for(lambda: prometheus_has_targets(prometheus, targets), 20, "the first scrapes")
         for _ in range(3):
             tick()
-        for _ in range(3):
-            tick(nan_rewards=3)  # the reward function starts failing ...
 
-        def firing():
-            return [a for a in slack_alerts(slack) if "[FIRING]" in a["attachments"][0]["title"]]
+        def firing() -> bool:
+            return any("[FIRING] AdvmonNonFiniteRewards" in a["attachments"][0]["title"] for a in slack_alerts(slack))
 
-        wait_for(firing, 45, "a firing Slack message")
+        while not firing():  # the reward function fails until the alert reaches Slack ...
+            assert len(failing_steps) < hang_guard, f"no firing message: {slack_alerts(slack)}"
+            tick(nan_rewards=3)
+
         def resolved() -> bool:
             return any(
                 "[RESOLVED] AdvmonNonFiniteRewards" in a["attachments"][0]["title"] for a in slack_alerts(slack)
             )
 
-        while not resolved():
+        for _ in range(hang_guard):
+            if resolved():
+                break
             tick()  # ... and recovers (each alert resolves on its own; wait for this one)
-            assert time.monotonic() - started < 100, f"no resolved message: {slack_alerts(slack)}"
+        assert resolved(), f"no resolved message: {slack_alerts(slack)}"
     finally:
         prometheus.stop()
         alertmanager.stop()
@@ -109,7 +117,7 @@ def test_unstable_run_reaches_slack_and_resolves_stable_run_stays_quiet(tmp_path
     first = nonfinite[0]
     assert first["username"] == "advmon"
     attachment = first["attachments"][0]
-    assert "unstable-run" in attachment["title"]
+    assert "[FIRING]" in attachment["title"] and "unstable-run" in attachment["title"]
     # The link opens the board on the alert's start (Alertmanager's .StartsAt), an hour around it.
     link = re.fullmatch(re.escape(f"{DASHBOARD}?var-run=unstable-run&time=") + r"(\d+)&time\.window=3600000",
                         attachment["title_link"])
@@ -117,11 +125,26 @@ def test_unstable_run_reaches_slack_and_resolves_stable_run_stays_quiet(tmp_path
     assert attachment["title_link"] in attachment["text"]  # the same link under the alert's text
     assert "NaN or Inf rewards: the reward function is failing" in attachment["text"]
     assert f"{RUNBOOKS}#advmonnonfiniterewards" in attachment["text"]
-    # The description names the run, the value (3 NaN per step) and a step of the failing stretch.
-    assert "Run unstable-run: 3 NaN/Inf rewards at step" in attachment["text"]
-    fired_step = int(attachment["text"].split("NaN/Inf rewards at step ")[1].split(".")[0])
-    assert 3 <= fired_step <= 6
-    assert time.monotonic() - started < 60
+    # The description names the run, the value and the step of the scrape that fired it. The rule fires
+    # where a scrape's counter rose over the one before, and no scrape saw two new steps: so the step is
+    # one the test failed, not one before the first failing step was written nor one after the last step
+    # written by the time the message arrived (the test failed every step until then); the value is
+    # what failing steps of 3 NaN each add up to.
+    found = re.search(r"Run unstable-run: (\d+) NaN/Inf rewards at step (\d+)\.", attachment["text"])
+    assert found, attachment["text"]
+    value, fired_step = int(found.group(1)), int(found.group(2))
+    assert fired_step in failing_steps, (fired_step, failing_steps)
+    assert value >= 3 and value % 3 == 0, value
+
+
+def scraped_steps(url: str) -> dict[str, float]:
+    """Each run's ``advmon_step`` in Prometheus's latest scrape."""
+    import json
+
+    from tests.services import http_get
+
+    data = json.loads(http_get(f"{url}/api/v1/query?query=advmon_step"))
+    return {series["metric"]["run"]: float(series["value"][1]) for series in data["data"]["result"]}
 
 
 def prometheus_has_targets(prometheus, targets) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tomllib
 from pathlib import Path
@@ -13,7 +14,7 @@ from advmon.alerts import AlertmanagerSettings, AlertSettings, generate, generat
 from advmon.alerts.alertmanager import receiver_for
 from advmon.alerts.runbooks import check_first, runbooks_text
 from advmon.cli import main
-from advmon.rules import CATALOG, SEVERITIES, Thresholds
+from advmon.rules import CATALOG, SEVERITIES, Thresholds, parse_duration
 from tests.services import require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,16 +71,22 @@ def test_promtool_checks_and_unit_tests_pass_on_the_committed_files():
 
 @pytest.mark.integration
 def test_promtool_tests_pass_for_a_teams_own_settings_and_fail_when_a_rule_is_broken(tmp_path):
+    interval, trailing_records = 15, 20
     code = main([
-        "alerts", "generate", "--out", str(tmp_path), "--interval", "15s", "--for", "45s",
+        "alerts", "generate", "--out", str(tmp_path), "--interval", f"{interval}s", "--for", "45s",
         "--threshold", "zero_std_ratio=0.9", "--threshold", "bound_factor=1",
-        "--threshold", "trailing_records=20", "--selector", 'job="grpo"',
+        "--threshold", f"trailing_records={trailing_records}", "--selector", 'job="grpo"',
         "--runbook-base", "https://wiki.example.test/advmon", "--dashboard-url", "https://grafana.example.test/d/x",
         "--slack-webhook-file", "/run/secrets/slack",
     ])
     assert code == 0
     rules = (tmp_path / "advmon-rules.yml").read_text()
-    assert '{__name__=~"(?:ray_)?advmon_zero_std_group_ratio",job="grpo"} > 0.9' in rules and "for: 45s" in rules and "[4m52s500ms]" in rules
+    assert '{__name__=~"(?:ray_)?advmon_zero_std_group_ratio",job="grpo"} > 0.9' in rules and "for: 45s" in rules
+    # A trailing median's range holds exactly trailing_records samples one interval apart: they span 19
+    # intervals, and half an interval more keeps the 20th in and the 21st out, (20 - 1/2) x 15 s = 292.5 s,
+    # written 4m52s500ms.
+    windows = re.findall(r"quantile_over_time\(0\.5, [^\[]*\[([^\]]+)\]\)", rules)
+    assert windows and {parse_duration(w) for w in windows} == {(trailing_records - 0.5) * interval}, windows
     assert promtool("check", "rules", "advmon-rules.yml", cwd=tmp_path).returncode == 0
     result = promtool("test", "rules", "tests/advmon-rules-test.yml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

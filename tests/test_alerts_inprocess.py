@@ -15,6 +15,7 @@ from advmon.record import Record
 from advmon.rules import CATALOG, Thresholds, group_bound
 from advmon.simulation import FAILURES, HEALTHY, RunSpec, corpus, simulate
 from advmon.sinks.jsonl import JsonlSink
+from tests.services import require_module
 
 
 @pytest.mark.parametrize("kind", sorted(FAILURES))
@@ -164,7 +165,7 @@ def test_wandb_alert_lands_in_the_offline_run_file(tmp_path, monkeypatch):
     from tests.test_wandb import run_file
     from advmon.runs.wandb_file import read_records
 
-    wandb = pytest.importorskip("wandb")
+    wandb = require_module("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = wandb.init(project="advmon-alerts", dir=str(tmp_path))

@@ -478,13 +478,15 @@ def test_the_setup_hook_never_raises_and_runs_the_users_own_hook_after(monkeypat
     monkeypatch.setenv("ADVMON_INSTRUMENT", "this is not a target")
     monkeypatch.setenv("ADVMON_NEXT_SETUP_HOOK", "tests.remote_estimators.users_own_setup_hook")
     before = len(remote_estimators.HOOK_CALLS)
-    setup_worker()  # a bad variable: one warning, the worker starts unrecorded
-    assert len(remote_estimators.HOOK_CALLS) == before + 1
-    assert any("not recording in this worker" in str(w.message) for w in recwarn)
-    calls = []
-    setup_worker(then=lambda: calls.append("mine"))  # a callable hook of the user's, chained by runtime_env
-    assert calls == ["mine"]
-    activation.deactivate()
+    try:  # whatever fails, the next test starts without this one's activation
+        setup_worker()  # a bad variable: one warning, the worker starts unrecorded
+        assert len(remote_estimators.HOOK_CALLS) == before + 1
+        assert any("not recording in this worker" in str(w.message) for w in recwarn)
+        calls = []
+        setup_worker(then=lambda: calls.append("mine"))  # a callable hook of the user's, chained by runtime_env
+        assert calls == ["mine"]
+    finally:
+        activation.deactivate()
 
 
 def test_bad_advmon_variables_never_reach_the_training_loop(monkeypatch, recwarn):

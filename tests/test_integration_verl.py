@@ -160,9 +160,12 @@ def test_estimators_registered_later_and_reregistration(instrumented):
     try:
         run_estimator("advmon_test_centered")
         assert len(instrumented) == 1 and "centered" in instrumented[0].estimator
-        # Registering the installed wrapper again is harmless.
+        # Registering the installed wrapper again is harmless: verl keeps it, and a call is recorded once.
         wrapper = core_algos.ADV_ESTIMATOR_REGISTRY["grpo"]
-        core_algos.register_adv_est("grpo")(wrapper)
+        assert core_algos.register_adv_est("grpo")(wrapper) is wrapper
+        assert core_algos.ADV_ESTIMATOR_REGISTRY["grpo"] is wrapper
+        run_estimator("grpo")
+        assert len(instrumented) == 2 and "grpo" in instrumented[1].estimator
     finally:
         core_algos.ADV_ESTIMATOR_REGISTRY.pop("advmon_test_centered", None)
 

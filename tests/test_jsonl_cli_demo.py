@@ -6,7 +6,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -79,9 +78,7 @@ def test_a_run_resumed_after_a_kill_mid_write_stays_readable(tmp_path):
 
 
 def test_demo_shows_the_unstable_run_and_not_the_stable_one(tmp_path):
-    started = time.perf_counter()
     text = run_demo(DemoConfig(steps=40, seed=1, out=tmp_path))
-    assert time.perf_counter() - started < 30
     tp1, tp2 = (advmon.read_jsonl(tmp_path / f"{run}.jsonl") for run in ("tp1", "tp2"))
     assert [r.step for r in tp1] == list(range(40)) == [r.step for r in tp2]
     stable, unstable = text.split("run tp2")

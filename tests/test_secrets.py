@@ -12,14 +12,14 @@ import torch
 import advmon
 from advmon.cli import main
 from advmon.sinks.prometheus import PushgatewaySink
-from tests.services import Service, free_port, http_get, require_binary, wait_for
+from tests.services import Service, free_port, http_get, require_binary, require_module, wait_for
 
 PASSWORD = "s3cr3t-pw-XYZ"
 TOKEN = "tok-98765-abc"
 
 
 def test_no_secret_in_reprs_warnings_logs_output_or_files(tmp_path, monkeypatch, capfd, caplog):
-    pytest.importorskip("mlflow")
+    require_module("mlflow")
     from advmon.sinks.mlflow import MlflowSink
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

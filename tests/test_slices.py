@@ -272,7 +272,11 @@ def test_slice_ids_of_known_and_new_labels(max_slices):
     third = min(max_slices, 2)  # folded into "other" when there is no room
     assert index.ids(["c", 3, "a", b"c"]).tolist() == [third, 3 if max_slices > 3 else third, 0, third]
     assert index.ids([]).tolist() == []
-    assert index.ids([1.0, True]).tolist() == index.ids([1.0, True]).tolist()  # equal keys, never cached as text
+    # 1.0, True and 1 are equal keys with different names ("1.0", "True", "1"): only text is remembered, so
+    # each takes a slot of its own (slots 4, 5, 6 after a, b, c and 3) instead of the first one's.
+    separately = [index.ids([label]).tolist() for label in (1.0, True, 1)]
+    assert separately == [[min(slot, max_slices)] for slot in (4, 5, 6)]
+    assert index.names[4:7] == (["1.0", "True", "1"] if max_slices > 6 else [])
 
 
 @pytest.mark.parametrize("path", ["cpu", "torch"])

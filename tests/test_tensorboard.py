@@ -77,7 +77,7 @@ def test_a_failing_writer_is_counted_and_training_goes_on(tmp_path, monkeypatch)
     assert any("sink tensorboard failed" in str(w.message) and "disk full" in str(w.message) for w in caught)
 
 
-def test_report_and_compare_read_tensorboard_runs_and_all_sinks_agree(tmp_path):
+def test_report_and_compare_read_tensorboard_runs_and_all_sinks_agree(tmp_path, capsys):
     """Issue 19 item 3: tb+DIR is a run source; one run written by all sinks reads back to the same scalars."""
     from advmon.runs import read_run
 
@@ -97,9 +97,17 @@ def test_report_and_compare_read_tensorboard_runs_and_all_sinks_agree(tmp_path):
     same_records(Run("tb-read", "jsonl as float32", as_float32), from_tb)
     assert cli(["report", f"tb+{tmp_path / 'tb' / 'tb-read'}", "--out", str(tmp_path / "r.html")]) == 0
     assert "AdvmonNonFiniteRewards" in (tmp_path / "r.html").read_text()
-    # A run against itself read from TensorBoard (comparing it with its float64 JSONL would flag a constant
-    # statistic that differs only by float32 rounding: compare runs read from the same kind of source).
-    assert cli(["compare", f"tb+{tmp_path / 'tb' / 'tb-read'}", f"tb+{tmp_path / 'tb' / 'tb-read'}"]) == 0
+    # Compare TensorBoard runs with TensorBoard runs (against its float64 JSONL a constant statistic would
+    # differ by float32 rounding): the same training again is equivalent, one that fails from step 12 is not.
+    for name, nan_at in (("tb-again", {7}), ("tb-broken", {7, 12})):
+        monitor = advmon.Monitor(name, sinks=[advmon.JsonlSink(tmp_path / f"{name}.jsonl"),
+                                              TensorBoardSink(tmp_path / "tb")])
+        run_grpo_steps(monitor, range(25), nan_at=nan_at)
+        monitor.close()
+    capsys.readouterr()
+    assert cli(["compare", f"tb+{tmp_path / 'tb' / 'tb-read'}", f"tb+{tmp_path / 'tb' / 'tb-again'}"]) == 0
+    assert cli(["compare", f"tb+{tmp_path / 'tb' / 'tb-read'}", f"tb+{tmp_path / 'tb' / 'tb-broken'}"]) == 1
+    assert "first divergence at step 12 (rewards/nan_count" in capsys.readouterr().out
     assert cli(["report", f"tb+{tmp_path / 'missing'}"]) == 2
 
 

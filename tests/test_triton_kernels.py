@@ -31,18 +31,25 @@ from advmon.stats import summarize
 
 from .dispatch import NOT_KERNELS, Dispatched
 from .reference import assert_stats_close, derived_pre_norm, group_stats, value_stats
-from .services import require_module
+from .services import require_module, unavailable
 from .sketches import assert_same_sketch, general_part, prefix_mask
 from .sketches import float_arrays as float_arrays_of
 from .test_device_paths import CASES, grpo_inputs
+from .test_stats import offset_arrays
 
 require_module("triton")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-if DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1 (conftest sets it)", allow_module_level=True)
 
-from advmon.triton_groups import MAX_BATCH, triton_group_statistics  # noqa: E402 - after the interpreter is chosen
+from advmon import triton_sketch  # noqa: E402 - after conftest chose the interpreter
+from advmon.triton_groups import MAX_BATCH, triton_group_statistics  # noqa: E402
 from advmon.triton_sketch import BLOCK, triton_part  # noqa: E402
+
+if DEVICE.type == "cpu":  # the kernels run only where they were defined for Triton's interpreter
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(triton_sketch._range_kernel, InterpretedFunction):
+        unavailable("no CUDA device, and advmon's Triton kernels were defined without Triton's interpreter: "
+                    "TRITON_INTERPRET=1 must be set before advmon.triton_sketch is imported (tests/conftest.py sets it)")
 
 
 def on_device(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -54,10 +61,7 @@ def test_the_sketch_kernels_match_numpy_and_the_cpu_sketch_bin_for_bin(name, val
     part = triton_part(on_device(values), on_device(mask))
     part = stats.Part(part.kind, tuple(t.cpu() for t in part.tensors))
     expected = value_stats(values.to(torch.float64).numpy(), None if mask is None else mask.to(torch.float64).numpy())
-    got = summarize([part])
-    assert_stats_close(got, expected, exact_percentiles=False)
-    for key, _ in stats.PERCENTILES:
-        assert abs(got[key] - expected[key]) <= (expected["max"] - expected["min"]) / stats.SKETCH_BINS + 1e-9, key
+    assert_stats_close(summarize([part]), expected, exact_percentiles=False)  # percentiles: the promised 1/512
     reference_values = values.float() if values.dtype == torch.bfloat16 else values
     assert_same_sketch(part, general_part(reference_values, mask if mask is not None else torch.ones(values.shape)))
 
@@ -73,6 +77,16 @@ def test_the_sketch_kernels_on_any_data(x, data):
     part = stats.Part(part.kind, tuple(t.cpu() for t in part.tensors))
     assert_stats_close(summarize([part]), value_stats(x, valid), exact_percentiles=False)
     assert_same_sketch(part, general_part(torch.from_numpy(x), torch.from_numpy(valid)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=offset_arrays())
+def test_the_kernels_moments_hold_on_their_own_scale_whatever_the_offset(case):
+    """Large offsets, small spreads, mixed row scales, NaN and Inf: the std within rounding of itself."""
+    x, valid = case
+    part = triton_part(on_device(torch.from_numpy(x)), on_device(torch.from_numpy(valid)))
+    part = stats.Part(part.kind, tuple(t.cpu() for t in part.tensors))
+    assert_stats_close(summarize([part]), value_stats(x, valid), exact_percentiles=False)
 
 
 @settings(max_examples=60, deadline=None)

@@ -11,15 +11,21 @@ import advmon
 from advmon.sinks.wandb import WandbSink
 
 from .estimators import GRPOLikeEstimator
+from .services import require_module
 from .test_monitor import grpo_batch
 from advmon.runs.wandb_file import history_rows, metric_definitions, summaries
 
 pytestmark = pytest.mark.integration
 
+#: Seconds close, flush and exit may wait for W&B, a hang guard: they return once it has the records, but
+#: W&B starts a service process at the first record, which a busy machine can take far longer than
+#: advmon's defaults (10 s for close, 5 s for exit) to do.
+WANDB_WAIT = 120
+
 
 @pytest.fixture
 def offline_wandb(tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")
+    wandb = require_module("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -45,7 +51,7 @@ def finished_run_files(tmp_path, count: int) -> list:
         files = sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
         return len(files) == count and all(_has_exit_record(f) for f in files)
 
-    wait_for(finished, 30, f"{count} finished W&B run file(s)")
+    wait_for(finished, WANDB_WAIT, f"{count} finished W&B run file(s)")
     return sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
 
 
@@ -56,7 +62,9 @@ def _has_exit_record(path) -> bool:
 
 
 def test_every_value_reaches_the_wandb_file(tmp_path, offline_wandb):
-    monitor = advmon.Monitor("wb-own", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), WandbSink(project="advmon-test", dir=str(tmp_path))])
+    monitor = advmon.Monitor("wb-own", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"),
+                                              WandbSink(project="advmon-test", dir=str(tmp_path))],
+                             close_timeout=WANDB_WAIT)
     estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
     for step in (3, 4, 5):
         prompts, rewards, mask = grpo_batch(seed=step, nan_rewards=1 if step == 5 else 0)
@@ -82,7 +90,8 @@ def test_every_value_reaches_the_wandb_file(tmp_path, offline_wandb):
 
 def test_logging_into_the_trainers_run_never_moves_its_step(tmp_path, offline_wandb):
     trainer_run = offline_wandb.init(project="advmon-test", name="trainer", dir=str(tmp_path))
-    monitor = advmon.Monitor("wb-shared", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), WandbSink()])
+    monitor = advmon.Monitor("wb-shared", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), WandbSink()],
+                             close_timeout=WANDB_WAIT)
     for step in range(5):
         trainer_run.log({"loss": 1.0 / (step + 1)}, step=step)
         trainer_run.log({"lr": 0.1}, step=step)  # trainers log several times per step
@@ -102,7 +111,8 @@ def test_logging_into_the_trainers_run_never_moves_its_step(tmp_path, offline_wa
 def test_a_run_of_its_own_beside_the_trainers(tmp_path, offline_wandb):
     trainer_run = offline_wandb.init(project="advmon-test", name="trainer", dir=str(tmp_path))
     sink = WandbSink(project="advmon-test", join_active_run=False, dir=str(tmp_path))
-    monitor = advmon.Monitor("wb-own-beside", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), sink])
+    monitor = advmon.Monitor("wb-own-beside", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), sink],
+                             close_timeout=WANDB_WAIT)
     for step in range(3):
         trainer_run.log({"loss": 1.0}, step=step)
         monitor.observe(rewards=torch.tensor([float(step), 0.0]))
@@ -147,7 +157,9 @@ def test_records_queued_at_exit_reach_wandb_before_it_finishes(tmp_path):
         # no close(): exit hooks deliver the queue before W&B finishes the run
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    environment = {**__import__("os").environ, "ADVMON_EXIT_TIMEOUT": str(WANDB_WAIT)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=3 * WANDB_WAIT,
+                          env=environment)
     assert done.returncode == 0, done.stderr
     assert [row["advmon/step"] for row in history_rows(run_file(tmp_path))] == [0, 1, 2, 3, 4]
 
@@ -156,7 +168,8 @@ def test_exemplars_go_to_a_table_at_troubled_steps_and_every_n(tmp_path, offline
     import json
 
     sink = WandbSink(project="advmon-test", dir=str(tmp_path), exemplars_every=10)
-    monitor = advmon.Monitor("wb-exemplars", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), sink], exemplars=3)
+    monitor = advmon.Monitor("wb-exemplars", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"), sink], exemplars=3,
+                             close_timeout=WANDB_WAIT)
 
     @monitor.watch(groups=None, group_size=8)
     def compute_advantage(rewards, mask):  # float64 GRPO: no cancellation outliers, so quiet steps are quiet
@@ -196,7 +209,8 @@ def test_exemplars_go_to_a_table_at_troubled_steps_and_every_n(tmp_path, offline
 
 def test_histograms_land_in_the_wandb_file_as_wandb_histograms(tmp_path, offline_wandb):
     monitor = advmon.Monitor("wb-hist", sinks=[advmon.JsonlSink(tmp_path / "r.jsonl"),
-                                               WandbSink(project="advmon-test", dir=str(tmp_path))])
+                                               WandbSink(project="advmon-test", dir=str(tmp_path))],
+                             close_timeout=WANDB_WAIT)
     estimator = advmon.instrument(GRPOLikeEstimator(), monitor)
     for step in (1, 2):
         with monitor.step(step):
