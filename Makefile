@@ -12,6 +12,10 @@ PIP := $(PY) -m pip --disable-pip-version-check
 TORCH_PIN := torch==2.13.0
 # verl's declared requirements pull GPU stacks: it goes in alone, its import needs come from advmon[verl].
 VERL_PIN := verl==0.9.1
+# So do SkyRL's (vllm, flash-attn, jax), AReaL's (sglang stacks, torch<2.11) and OpenRLHF's (flash-attn, a
+# CUDA torch through vllm): each goes in alone, its import needs come from advmon[skyrl], advmon[areal] and
+# advmon[openrlhf]. deepspeed installs and imports on the CPU (OpenRLHF imports it at load time).
+FRAMEWORK_PINS := skyrl==0.3.0 skyrl-gym==0.4.0 areal==1.0.4 openrlhf==0.11.2 deepspeed==0.19.6
 CORE_STAMP := $(VENV)/.advmon-core
 DEV_STAMP := $(VENV)/.advmon-dev
 # chromium: the report tests render HTML as a person sees it (headless).
@@ -68,6 +72,7 @@ $(CORE_STAMP): pyproject.toml Makefile | $(PY)
 $(DEV_STAMP): pyproject.toml $(CORE_STAMP)
 	$(PIP) install --quiet $(TORCH_PIN) -e '.[dev]'
 	$(PIP) install --quiet --no-deps $(VERL_PIN)
+	$(PIP) install --quiet --no-deps $(TORCH_PIN) $(FRAMEWORK_PINS)
 	touch $@
 
 # Prometheus, Pushgateway, Alertmanager (and Chromium) from Debian; the tests start

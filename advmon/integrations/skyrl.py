@@ -1,0 +1,197 @@
+"""SkyRL: watch every advantage estimator in SkyRL's registry, on every path SkyRL calls them by.
+
+SkyRL's trainer computes advantages with
+``ppo_utils.compute_advantages_and_returns(token_level_rewards, response_mask, index,
+adv_estimator, config, values, grpo_norm_by_std, gamma, lambd)``, which looks the
+estimator up in ``AdvantageEstimatorRegistry`` (grpo, rloo, gae, reinforce++, maxrl, and
+any registered later) and calls it by keyword. :func:`instrument` wraps what the
+registry's ``get`` returns (so an estimator registered or re-registered later is watched
+when it is looked up) and every attribute of a loaded ``skyrl`` module that holds one of
+the registered functions, with SkyRL's argument names: ``token_level_rewards`` (summed
+per sequence), ``response_mask``, and ``index``, the batch's uids, as groups (SkyRL
+passes them to every estimator, REINFORCE++ and GAE included). The registry itself is
+not changed: with Ray running, SkyRL copies it to a named actor that other processes
+read, and advmon's wrappers stay out of it. :func:`uninstrument` puts everything back.
+
+What each estimator divides by (:data:`NORMALIZATION`, :mod:`advmon.normalization`)
+travels in its records, so the bound alert judges each by its own bound. GAE and
+REINFORCE++ whiten over the batch at their end (``masked_whiten``): what they whiten
+(the raw GAE advantages, the returns) is tapped as their pre_norm stage.
+
+Supported: SkyRL 0.3.0 (tested here) and 0.4.0 (its estimators, registry and
+``masked_whiten`` are 0.3.0's, docstrings and annotations aside). On Python 3.11,
+``skyrl/backends/__init__.py`` cannot be imported (its Tinker backend's pydantic models
+use ``typing.TypedDict``, which pydantic refuses before Python 3.12): see
+:func:`load_ppo_utils`.
+
+Example (with SkyRL installed)::
+
+    import advmon
+    import advmon.integrations.skyrl as advmon_skyrl
+    monitor = advmon.Monitor("skyrl-grpo", step_source=lambda: trainer.global_step)
+    advmon_skyrl.instrument(monitor)        # in the process that runs SkyRL's trainer
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import threading
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from advmon.hooks import ArgumentNames, active_call, is_watched, tap, watch_with
+from advmon.monitor import Monitor
+
+__all__ = ["NORMALIZATION", "PPO_UTILS", "grpo_normalization", "instrument", "is_instrumented", "load_ppo_utils",
+           "uninstrument"]
+
+PPO_UTILS = "skyrl.backends.skyrl_train.utils.ppo_utils"
+
+
+def grpo_normalization(arguments: Mapping[str, Any]) -> str:
+    """SkyRL's GRPO divides by the group's std unless ``grpo_norm_by_std`` is false (Dr. GRPO)."""
+    return "group_std" if arguments.get("grpo_norm_by_std", True) else "group_mean"
+
+
+#: How each of SkyRL's estimators normalizes (advmon.normalization). MaxRL divides each group's
+#: rewards minus their mean by that mean: |A| reaches G - 1 for non-negative rewards, a bound no
+#: kind states, so its kind is inferred from the data (an unknown step is judged by the loosest
+#: bound). One registered later is inferred too.
+NORMALIZATION: dict[str, Any] = {
+    "grpo": grpo_normalization,
+    "rloo": "group_mean",  # (r - the mean of the others): within the group's spread
+    "reinforce++": "batch",  # discounted returns, masked_whiten over the batch
+    "gae": "batch",  # masked_whiten at its end
+    "maxrl": None,
+}
+#: The estimators that whiten at their end: what they hand ``masked_whiten`` is their pre_norm.
+_WHITENING = ("compute_gae_advantage_return", "compute_reinforce_plus_plus_outcome_advantage")
+
+_lock = threading.Lock()
+_installed: dict[str, Any] | None = None
+_MISSING = object()
+
+
+def load_ppo_utils() -> ModuleType:
+    """SkyRL's ``ppo_utils``, importable on Python 3.11 too.
+
+    ``skyrl/backends/__init__.py`` only re-exports the Tinker engine's ``AbstractBackend``,
+    whose pydantic models fail to build before Python 3.12 (``typing.TypedDict``). Where that
+    import fails, ``skyrl.backends`` is registered as the package the import system would
+    make of that folder, without running its ``__init__``; everything below it
+    (``skyrl_train.utils.ppo_utils`` and what it imports) is SkyRL's own code, imported as
+    usual. Nothing is done where the real import works (Python 3.12+, SkyRL 0.4).
+    """
+    try:
+        return importlib.import_module(PPO_UTILS)
+    except Exception:
+        if sys.version_info >= (3, 12) or "skyrl.backends" in sys.modules:
+            raise
+    spec = importlib.util.find_spec("skyrl.backends")
+    if spec is None or spec.submodule_search_locations is None:
+        raise ModuleNotFoundError("skyrl is not installed: pip install --no-deps skyrl==0.3.0 (docs/integrations.md)")
+    sys.modules["skyrl.backends"] = importlib.util.module_from_spec(spec)  # its folder, its __init__ not run
+    return importlib.import_module(PPO_UTILS)
+
+
+def _names_for(name: Any) -> ArgumentNames:
+    """SkyRL's names for the inputs advmon reads, and the estimator's normalization."""
+    key = str(getattr(name, "value", name))
+    return ArgumentNames(rewards="token_level_rewards", mask="response_mask", groups="index",
+                         normalization=NORMALIZATION.get(key))
+
+
+def instrument(monitor: Monitor | None = None) -> Monitor | None:
+    """Watch every SkyRL advantage estimator; return the monitor records go to.
+
+    Args:
+        monitor: where records go. Default ``None``: the process-wide monitor, looked up at
+            each call (in a Ray worker, built from ``ADVMON_*`` on the first recorded call).
+
+    Instrumenting again is harmless (nothing is wrapped twice); to change the monitor,
+    :func:`uninstrument` first.
+    """
+    global _installed
+    ppo_utils = load_ppo_utils()
+    with _lock:
+        if _installed is not None:
+            return _installed["monitor"]
+        registry = ppo_utils.AdvantageEstimatorRegistry
+        wrappers: dict[int, Any] = {}  # id(function) -> (function, wrapper): keeps the function alive
+        for name, fn in list(registry._functions.items()):
+            if not is_watched(fn):
+                wrappers[id(fn)] = (fn, watch_with(fn, monitor, _names_for(name)))
+        patched = _patch_module_attributes(wrappers)
+        patched.append(_wrap_lookup(registry, wrappers, monitor))
+        patched.append(_tap_pre_whitening(ppo_utils))
+        _installed = {"monitor": monitor, "patched": patched}
+        return monitor
+
+
+def _wrap_lookup(registry: type, wrappers: dict[int, Any], monitor: Monitor | None) -> tuple[Any, str, Any]:
+    """``AdvantageEstimatorRegistry.get`` returns the watched estimator (wrapped on its first lookup)."""
+    own = registry.__dict__.get("get", _MISSING)
+    original = registry.get  # bound to the class
+
+    def get(cls: type, name: Any) -> Any:
+        fn = original(name)
+        if is_watched(fn):
+            return fn
+        with _lock:
+            if id(fn) not in wrappers:
+                wrappers[id(fn)] = (fn, watch_with(fn, monitor, _names_for(name)))
+            return wrappers[id(fn)][1]
+
+    get.__wrapped__ = original  # type: ignore[attr-defined]
+    registry.get = classmethod(get)  # type: ignore[method-assign,assignment]
+    return (registry, "get", own)
+
+
+def _tap_pre_whitening(ppo_utils: ModuleType) -> tuple[Any, str, Any]:
+    """GAE and REINFORCE++ whiten over the batch at their end: record what they whiten as pre_norm."""
+    original = ppo_utils.masked_whiten
+
+    def masked_whiten(values, mask, *args, **kwargs):
+        call = active_call()
+        if call is not None and call.estimator.endswith(_WHITENING):
+            tap("pre_norm", values, mask)
+        return original(values, mask, *args, **kwargs)
+
+    masked_whiten.__wrapped__ = original  # type: ignore[attr-defined]
+    ppo_utils.masked_whiten = masked_whiten
+    return (ppo_utils, "masked_whiten", original)
+
+
+def _patch_module_attributes(wrappers: dict[int, Any]) -> list[tuple[Any, str, Any]]:
+    """Point every attribute of a loaded skyrl module that holds a registered estimator at its wrapper."""
+    patched = []
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == "skyrl" or module_name.startswith("skyrl.")):
+            continue
+        for attribute, value in list(vars(module).items()):
+            entry = wrappers.get(id(value))
+            if entry is not None and entry[0] is value:
+                setattr(module, attribute, entry[1])
+                patched.append((module, attribute, value))
+    return patched
+
+
+def uninstrument() -> None:
+    """Undo :func:`instrument`: the registry's lookup, module attributes and ``masked_whiten`` are SkyRL's again."""
+    global _installed
+    with _lock:
+        if _installed is None:
+            return
+        for owner, attribute, original in reversed(_installed["patched"]):
+            if original is _MISSING:
+                delattr(owner, attribute)
+            else:
+                setattr(owner, attribute, original)
+        _installed = None
+
+
+def is_instrumented() -> bool:
+    return _installed is not None
