@@ -14,6 +14,41 @@ if not torch.cuda.is_available():
 import advmon
 from advmon.record import Record
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: What a test that forgot its temporary directory leaves in the working directory (the repository):
+#: MLflow's default store and artifacts, W&B's run folder, advmon's default run directory.
+STRAY_OUTPUTS = ("mlruns", "mlflow.db", "wandb", "advmon-runs")
+
+
+def _stray_outputs() -> set[str]:
+    """The paths under ``STRAY_OUTPUTS`` in the repository root, one level deep."""
+    found = set()
+    for name in STRAY_OUTPUTS:
+        path = os.path.join(ROOT, name)
+        if os.path.exists(path):
+            found.add(name)
+            if os.path.isdir(path):
+                found.update(f"{name}/{entry}" for entry in os.listdir(path))
+    return found
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config._advmon_outputs_before = _stray_outputs()  # a demo's advmon-runs/ from before is not ours
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when a test wrote into the repository instead of its temporary directory."""
+    before = getattr(session.config, "_advmon_outputs_before", None)
+    if before is None or hasattr(session.config, "workerinput"):
+        return
+    new = sorted(_stray_outputs() - before)
+    if new:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"tests wrote into the repository ({ROOT}), not a temporary directory: {', '.join(new)}"
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
 
 class ListSink(advmon.Sink):
     """A real sink that keeps records in memory."""

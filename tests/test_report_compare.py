@@ -6,7 +6,6 @@ import json
 import math
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from advmon.compare import compare_runs
 from advmon.runs import Run, read_run
 from advmon.simulation import RunSpec, simulate
 from advmon.sinks.jsonl import JsonlSink
-from tests.services import require_binary
+from tests.services import mlflow_sqlite_store, require_binary, require_module
 
 
 def write_jsonl(path: Path, records) -> Path:
@@ -43,14 +42,14 @@ def same_records(a: Run, b: Run) -> None:
 
 
 def test_jsonl_mlflow_and_wandb_give_the_same_records(tmp_path, monkeypatch):
-    pytest.importorskip("mlflow")
-    wandb = pytest.importorskip("wandb")
+    require_module("mlflow")
+    wandb = require_module("wandb")
     from advmon.sinks.mlflow import MlflowSink
     from advmon.sinks.wandb import WandbSink
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = mlflow_sqlite_store(tmp_path)  # its artifacts stay in tmp_path, not ./mlruns
     sinks = [JsonlSink(tmp_path / "r.jsonl"), MlflowSink(tracking_uri=store),
              WandbSink(project="advmon-runs", join_active_run=False, dir=str(tmp_path))]
     with advmon.Monitor("three-ways", sinks=sinks, reward_range=(0.0, 1.0)) as monitor:
@@ -186,12 +185,9 @@ def test_a_long_run_reports_with_a_progress_bar(tmp_path, capfd):
             f.write(json.dumps({"run": "long", "step": step, "time": float(step), "estimator": "e",
                                 "pre_norm_source": "derived",
                                 "metrics": {k: (v if math.isfinite(v) else None) for k, v in record.metrics.items()}}) + "\n")
-    started = time.monotonic()
     assert main(["report", str(path), "--out", str(tmp_path / "long.html")]) == 0
-    elapsed = time.monotonic() - started
     err = capfd.readouterr().err
     assert "report long: taking a while" in err and "done in" in err  # since it took more than a second
-    assert elapsed < 90
     assert (tmp_path / "long.html").stat().st_size < 3_000_000  # long runs are drawn reduced, not point by point
 
 
@@ -229,7 +225,9 @@ def test_demo_runs_diverge_text_json_and_html(tmp_path, capsys):
     assert verdict["first_statistics"] and all(
         {"statistic", "diverged", "first_step", "max_abs_z"} <= set(s) for s in verdict["statistics"]
     )
-    assert main(["compare", str(tp1), str(tp1)]) == 0
+    # Another seed of the same healthy recipe (not the file itself): equivalent, exit 0.
+    other_tp1 = simulate_run("tp1", DemoConfig(steps=60, seed=1, out=tmp_path / "seed1"), False)
+    assert main(["compare", str(tp1), str(other_tp1)]) == 0
     assert "equivalent" in capsys.readouterr().out
     assert (tmp_path / "cmp.html").read_text().count("<svg") >= 10
     # The terminal table: one column start per field on every row (however long the slice keys), no float noise.
