@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import os
 import shlex
 import subprocess
@@ -53,6 +54,104 @@ def test_python_block_runs_on_its_own(block: Block, tmp_path):
     assert done.returncode == 0, f"{block.name} exited with {done.returncode}\n{output}"
     # The suite treats advmon's warnings as errors: a snippet that draws one shows a mistake.
     assert "AdvmonWarning" not in done.stderr, f"{block.name} warned\n{output}"
+    checked = check_printed_values(block, done.stdout)
+    claim = claim_of(block)
+    if claim is not None:
+        claim(tmp_path, done.stdout + done.stderr)
+    assert checked or claim is not None or re.search(r"^\s*assert ", block.text, re.M), (
+        f"{block.name} runs but checks nothing: give a print its value as a comment (print(x)  # 4.0), "
+        "assert in the snippet, or say in CLAIMS what it promises")
+
+
+#: ``print(...)  # VALUE`` or ``print(...)  # VALUE: why``: the page shows what the line prints.
+PRINTED = re.compile(r"^\s*print\(.*\)\s*#\s*(?P<value>[^:]+?)\s*(?::.*)?$")
+
+
+def check_printed_values(block: Block, stdout: str) -> int:
+    """Each value a page shows beside a ``print`` is a line of what the snippet printed, in order; how many."""
+    expected = [m["value"] for m in map(PRINTED.match, block.text.splitlines()) if m]
+    printed = iter(stdout.splitlines())
+    for value in expected:
+        assert any(line.strip() == value for line in printed), (
+            f"{block.name}: the page says a print shows {value!r}; it printed:\n{stdout}")
+    return len(expected)
+
+
+def _records(path: Path) -> list:
+    from advmon import read_jsonl
+
+    return read_jsonl(path)
+
+
+def _readme_quickstart(tmp_path: Path, output: str) -> None:
+    records = _records(tmp_path / "advmon-runs" / "grpo-math-tp2.jsonl")  # where the comment says
+    assert [r.step for r in records] == [0, 1, 2]  # chunks of one step -> one record
+    last = records[-1].metrics
+    assert output.split()[:2] == [str(last["groups/zero_std_fraction"]), str(last["advantages/post_norm/max"])]
+    assert last["groups/count"] == 8 and last["rewards/count"] == 32  # both chunks in the record
+
+
+def _secret_stays_secret(tmp_path: Path, output: str) -> None:
+    assert "127.0.0.1:9/hook" not in output  # a webhook URL is never printed
+    assert not list(tmp_path.rglob("*.jsonl")) or all(
+        "127.0.0.1:9/hook" not in p.read_text() for p in tmp_path.rglob("*.jsonl"))
+
+
+def _nemo_grpo(tmp_path: Path, output: str) -> None:
+    (record,) = _records(tmp_path / "advmon-runs" / "nemo-grpo.jsonl")
+    assert record.step == 1 and output.split() == [str(record.metrics["groups/zero_std_fraction"])]
+    assert record.metrics["groups/count"] == 8 and record.metrics["advantages/post_norm/count"] == 32 * 16
+
+
+def _nothing_recorded_before_a_call(tmp_path: Path, output: str) -> None:
+    assert not (tmp_path / "advmon-runs").exists() or not list((tmp_path / "advmon-runs").iterdir())
+
+
+def _spec_sinks(tmp_path: Path, output: str) -> None:
+    (record,) = _records(tmp_path / "advmon-runs" / "grpo-tp2.jsonl")  # the JSONL spec's path
+    assert record.run == "grpo-tp2" and record.metrics["rewards/mean"] == 0.75
+
+
+def _one_record(tmp_path: Path, output: str) -> None:
+    (record,) = _records(tmp_path / "advmon-runs" / "my-run.jsonl")
+    assert record.metrics["rewards/mean"] == pytest.approx(2 / 3, rel=1e-12) and record.metrics["rewards/count"] == 3
+
+
+def _made_lazily(tmp_path: Path, output: str) -> None:
+    assert list(tmp_path.iterdir()) == [tmp_path / "snippet.py"]  # a sink writes nothing before its first record
+
+
+def _scrape_port(tmp_path: Path, output: str) -> None:
+    match = re.fullmatch(r"scrape http://127\.0\.0\.1:(\d+)/metrics\s*", output.strip() + "\n")
+    assert match and int(match[1]) > 0, output  # a free port, bound on 127.0.0.1
+
+
+#: What a snippet that neither asserts nor prints a value promises, checked after it ran in ``tmp_path``:
+#: (page, a line of the snippet) -> check(tmp_path, its output).
+CLAIMS = {
+    ("README.md", "estimator = advmon.instrument(GRPOAdvantageEstimator(), monitor)"): _readme_quickstart,
+    ("alerts.md", 'alerts=["slack:SLACK_WEBHOOK_URL"]'): _secret_stays_secret,
+    ("integrations.md", "advmon_nemo.instrument(monitor, module=nemo_estimators)"): _nemo_grpo,
+    ("integrations.md", "advmon_nemo.instrument(module=nemo_estimators)"): _nothing_recorded_before_a_call,
+    ("sinks.md", '"prometheus:127.0.0.1:0"'): _spec_sinks,
+    ("sinks.md", 'advmon.JsonlSink("advmon-runs/my-run.jsonl")'): _one_record,
+    ("sinks.md", 'WandbSink(project="grpo-math")'): _made_lazily,
+    ("sinks.md", 'MlflowSink("sqlite:///mlflow.db")'): _made_lazily,
+    ("sinks.md", 'TensorBoardSink("runs/")'): _made_lazily,
+    ("sinks.md", 'TrackioSink(project="grpo-math")'): _made_lazily,
+    ("sinks.md", "scrape = PrometheusSink(port=0)"): _scrape_port,
+}
+
+
+def claim_of(block: Block):
+    found = [check for (page, line), check in CLAIMS.items() if page == block.page.name and line in block.text]
+    assert len(found) <= 1, f"{block.name}: more than one claim matches"
+    return found[0] if found else None
+
+
+def test_every_claim_names_a_snippet():
+    for page, line in CLAIMS:
+        assert any(b.page.name == page and line in b.text for b in PYTHON_BLOCKS), (page, line)
 
 
 @pytest.mark.parametrize("page", DATA_PAGES, ids=[p.name for p in DATA_PAGES])
@@ -104,3 +203,10 @@ def test_shell_lines_are_split_into_advmon_commands():
         ["alerts", "generate", "--out", "alerts/", "--selector", 'job="grpo"'],
         ["alerts", "check", "run.jsonl"],
     ]
+
+
+def test_a_printed_value_the_page_gets_wrong_fails():
+    block = Block(Path("x.md"), "python", 1, 'print(1 + 1)  # 2\nprint("a b")  # a c: why\n', None)
+    with pytest.raises(AssertionError, match="a print shows 'a c'"):
+        check_printed_values(block, "2\na b\n")
+    assert check_printed_values(Block(Path("x.md"), "python", 1, 'print(2)  # 2: two\n', None), "2\n") == 1
