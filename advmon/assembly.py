@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,13 +22,14 @@ import torch
 
 from advmon.exemplars import FIELDS as EXEMPLAR_FIELDS
 from advmon.exemplars import NOT_CHOSEN, REASONS
-from advmon.group_bounds import evidence_from_table, merge_evidence
+from advmon.group_bounds import merge_evidence
 from advmon.groups import GROUP_COUNT_FIELDS, merge_group_counts
 from advmon.histograms import Histogram
 from advmon.normalization import Verdict, judge
-from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem
+from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem, finish_on_host
 from advmon.record import REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
 from advmon.slices import SLICE_FIELDS
+from advmon.devices import host_float64
 from advmon.stats import HostPart, pack, summarize, summarize_with_histogram
 
 __all__ = [
@@ -109,58 +110,87 @@ class StepParts:
         self.slices[name] = merged
 
 
-def collect(calls: Sequence[CallParts]) -> StepParts:
-    """This process's parts of a step, on the host after one transfer."""
-    tensors: list[torch.Tensor] = []
-    for call in calls:
-        for parts in call.stages.values():
-            for part in parts:
-                tensors.extend(part.tensors)
-        if call.groups is not None:
-            tensors.append(call.groups)
-        if call.bound_evidence is not None:
-            evidence = call.bound_evidence
-            tensors.append(torch.from_numpy(evidence) if isinstance(evidence, np.ndarray) else evidence)
-        tensors.extend(v for v in call.estimator_metrics.values() if isinstance(v, torch.Tensor))
-        if call.exemplars is not None:
-            tensors.append(call.exemplars)
-        if call.slices is not None:
-            tensors.append(call.slices)
-    arrays = iter(pack(tensors))  # the record's one crossing to the host
+def collect(calls: Sequence[CallParts], problems: list[Problem] | None = None) -> StepParts:
+    """This process's parts of a step, on the host after one transfer.
+
+    A device call's ``[B]``-sized vectors cross in the same transfer and are finished
+    here (:func:`~advmon.observation.finish_on_host`); what that cannot finish is added
+    to ``problems``.
+    """
+    problems = [] if problems is None else problems
+    crossing = [(_device_tensors(call), list(call.host_work.vectors.values()) if call.host_work else [])
+                for call in calls]
+    arrays = iter(pack([t for own, vectors in crossing for t in (*own, *vectors)]))  # the record's one crossing
 
     step = StepParts()
-    for call in calls:
-        for stage, parts in call.stages.items():
-            for part in parts:
-                host = HostPart(part.kind, tuple(next(arrays) for _ in part.tensors))
-                step.stages.setdefault(stage, []).append(host)
-        if call.groups is not None:
-            counts = next(arrays)
-            step.group_totals = counts.copy() if step.group_totals is None else merge_group_counts(step.group_totals, counts)
-        if call.bound_evidence is not None:
-            evidence = next(arrays)
-            if isinstance(call.bound_evidence, torch.Tensor):  # a device call's groups: finished here, in NumPy
-                evidence = evidence_from_table(evidence, loo=call.normalization == "group_loo_std")
-            step.add_evidence(evidence)
-        for key, value in call.estimator_metrics.items():
-            number = float(next(arrays)[0]) if isinstance(value, torch.Tensor) else float(value)
-            step.estimator_metrics[f"estimator/{key}"] = number
-        if call.exemplars is not None:
-            table = next(arrays).reshape(-1, call.exemplars.shape[1])
-            slice_of = None
-            if call.sample_slices is not None:  # only the chosen groups' first samples are looked up
-                firsts = {int(first) for first in table[:, FIRST_SAMPLE]}
-                slice_of = {first: call.slice_names[call.sample_slices[first]] for first in firsts}
-            step.exemplars += exemplar_entries(table, call.exemplar_keys, slice_of)
-        if call.slices is not None:
-            table = next(arrays).reshape(-1, len(SLICE_FIELDS))
-            for slot in np.flatnonzero(table[:, 0] > 0).tolist():  # the slices with samples in this call
-                if call.slice_names[slot] is not None:
-                    step.add_slice(call.slice_names[slot], table[slot])
-        step.estimators.append(call.estimator)
-        step.sources.append(call.pre_norm_source)
-        step.normalizations.append(call.normalization)
+    for call, (own, _) in zip(calls, crossing):
+        own_arrays = iter([next(arrays) for _ in own])
+        stages = {stage: [HostPart(part.kind, tuple(next(own_arrays) for _ in part.tensors)) for part in parts]
+                  for stage, parts in call.stages.items()}
+        done = None
+        if call.host_work is not None:
+            crossed = {name: next(arrays) for name in call.host_work.vectors}
+            try:
+                done = finish_on_host(call, crossed, stages, problems)
+            except Exception as exc:  # noqa: BLE001 - the step's record is still made, with what was known
+                problems.append(Problem("internal", f"a device call's groups, exemplars and slices were lost: "
+                                                    f"{type(exc).__name__}: {exc}"))
+        _add_call(step, call, stages, own_arrays, done)
     return step
+
+
+def _device_tensors(call: CallParts) -> list[torch.Tensor]:
+    """What a call's parts send in the transfer, in the order :func:`_add_call` reads it back."""
+    tensors: list[torch.Tensor] = []
+    for parts in call.stages.values():
+        for part in parts:
+            tensors.extend(part.tensors)
+    if call.groups is not None:
+        tensors.append(call.groups)
+    if call.bound_evidence is not None:
+        tensors.append(torch.from_numpy(call.bound_evidence))
+    tensors.extend(v for v in call.estimator_metrics.values() if isinstance(v, torch.Tensor))
+    if call.exemplars is not None:
+        tensors.append(call.exemplars)
+    if call.slices is not None:
+        tensors.append(call.slices)
+    return tensors
+
+
+def _add_call(step: StepParts, call: CallParts, stages: dict[str, list[HostPart]], arrays: Iterator[np.ndarray],
+              done: CallParts | None) -> None:
+    """Add one call's parts to the step: its ``stages`` and the rest of the transfer's ``arrays``, and a device
+    call's host half ``done`` (which fills the stages the call left empty: its rewards, a derived pre_norm)."""
+    for stage, parts in stages.items():
+        if not parts and done is not None:
+            parts = done.stages.get(stage, [])
+        if parts:
+            step.stages.setdefault(stage, []).extend(parts)
+    views = call if done is None else done
+    if views.groups is not None:
+        counts = next(arrays) if done is None else host_float64(done.groups)
+        step.group_totals = counts.copy() if step.group_totals is None else merge_group_counts(step.group_totals, counts)
+    if views.bound_evidence is not None:
+        step.add_evidence(next(arrays) if done is None else done.bound_evidence)
+    for key, value in call.estimator_metrics.items():
+        number = float(next(arrays)[0]) if isinstance(value, torch.Tensor) else float(value)
+        step.estimator_metrics[f"estimator/{key}"] = number
+    if views.exemplars is not None:
+        table = next(arrays) if done is None else host_float64(done.exemplars)
+        table = table.reshape(-1, views.exemplars.shape[1])
+        slice_of = None
+        if views.sample_slices is not None:  # only the chosen groups' first samples are looked up
+            firsts = {int(first) for first in table[:, FIRST_SAMPLE]}
+            slice_of = {first: views.slice_names[views.sample_slices[first]] for first in firsts}
+        step.exemplars += exemplar_entries(table, views.exemplar_keys, slice_of)
+    if views.slices is not None:
+        table = (next(arrays) if done is None else host_float64(done.slices)).reshape(-1, len(SLICE_FIELDS))
+        for slot in np.flatnonzero(table[:, 0] > 0).tolist():  # the slices with samples in this call
+            if views.slice_names[slot] is not None:
+                step.add_slice(views.slice_names[slot], table[slot])
+    step.estimators.append(call.estimator)
+    step.sources.append(call.pre_norm_source)
+    step.normalizations.append(call.normalization)
 
 
 def exemplar_entries(

@@ -1,11 +1,11 @@
 """The worst prompt groups of a call: which groups an on-call engineer should look at first.
 
-Pure functions over tensors, on any device, with a fixed number of ops and nothing
-read back to the host: every group's values come from segments of samples sorted
-by group (``searchsorted`` for the bounds, ``segment_reduce`` for each segment on
-its own), the ranking is three stable sorts, and the ``k`` worst groups leave the
-device as one small ``[k, len(FIELDS)]`` float64 table inside the record's one
-transfer.
+Pure functions over host data, in NumPy: a call's few thousand groups cost per-call
+overhead, which NumPy keeps lower than torch. On a device the call's ``[B]``-sized
+vectors (rewards, group ids, the advantages' row summaries) cross in the record's
+one transfer and the same functions run on the host
+(:func:`advmon.observation.finish_on_host`). The ``k`` worst groups are one small
+``[k, len(FIELDS)]`` float64 table.
 
 Groups are ranked by why they were chosen, then by how bad they are:
 
@@ -36,18 +36,17 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from advmon.devices import host_float64, sync_free
+from advmon.devices import host_float64
 from advmon.group_bounds import GroupPeaks
 from advmon.groups import HostGroups, host_group_values
 
-__all__ = ["FIELDS", "REASONS", "HostSegments", "RewardSegments", "reward_segments", "worst_groups"]
+__all__ = ["FIELDS", "REASONS", "HostSegments", "reward_segments", "worst_groups"]
 
 #: Why a group was chosen, by its ``reason`` code; ``NOT_CHOSEN`` rows are dropped on the host.
 REASONS = ("nonfinite_rewards", "nonfinite_reward_functions", "nonfinite_advantages", "beyond_bound",
@@ -73,24 +72,8 @@ _COLUMN = {name: i for i, name in enumerate(FIELDS)}
 _REASON = {name: i for i, name in enumerate(REASONS)}
 
 
-class RewardSegments(NamedTuple):
-    """A call's groups as segments of samples sorted by group, with their reward values (one slot each)."""
-
-    order: torch.Tensor  #: sample indices sorted by group (stable: the first of a segment is its first sample)
-    bounds: torch.Tensor  #: slot ``s`` is ``order[bounds[s]:bounds[s + 1]]``; empty past the last group
-    slot: torch.Tensor  #: each sorted sample's slot (``ids[order]``)
-    size: torch.Tensor
-    finite: torch.Tensor
-    nan: torch.Tensor
-    inf: torch.Tensor
-    min: torch.Tensor
-    max: torch.Tensor
-    mean: torch.Tensor
-    function_nonfinite: torch.Tensor  #: the reward functions' NaN and Inf scores in the group
-
-
 class HostSegments(NamedTuple):
-    """:class:`RewardSegments` on the CPU, in NumPy, one slot per group: what the host's worst groups and
+    """A call's groups in NumPy, one slot per group, with their reward values: what the worst groups and the
     slices read (no tensors to make and read back: each conversion costs microseconds in a watched call)."""
 
     groups: HostGroups
@@ -100,58 +83,27 @@ class HostSegments(NamedTuple):
 
 def reward_segments(
     rewards: torch.Tensor, ids: torch.Tensor, function_nonfinite: torch.Tensor | None = None, rising: bool = False
-) -> RewardSegments | HostSegments:
-    """Every group's reward values, taken before the estimator runs (it may change rewards in place).
+) -> HostSegments:
+    """Every group's reward values (on the CPU, taken before the estimator runs: it may change rewards in place).
 
-    ``ids`` are dense group ids in ``[0, B)`` (:func:`advmon.groups.group_ids`);
-    ``function_nonfinite`` counts, per sample, the reward functions whose score is
-    NaN or Inf; ``rising`` says the ids are known not to decrease (else the CPU looks).
-    On the CPU they are :class:`HostSegments`.
+    ``ids`` are dense group ids in ``[0, B)`` (:func:`advmon.groups.group_ids`), CPU
+    tensors as the rewards; ``function_nonfinite`` counts, per sample, the reward
+    functions whose score is NaN or Inf; ``rising`` says the ids are known not to
+    decrease (else they are looked at). One slot per group (no empty slots: shapes
+    need not be fixed on the host).
     """
-    if not sync_free(rewards):
-        return _host_reward_segments(rewards, ids, function_nonfinite, rising)
-    rewards = rewards.to(torch.float64)
-    count = rewards.shape[0]
-    order = torch.argsort(ids, stable=True)
-    group_of = ids[order]
-    slots = torch.arange(count + 1, device=ids.device)
-    bounds = torch.searchsorted(group_of, slots)  # ids are dense: slot s holds group s
-    ordered = rewards[order]
-    finite = torch.isfinite(ordered)
-    nan = torch.isnan(ordered)
-
-    def per_slot(values: torch.Tensor, reduce: str, initial: float) -> torch.Tensor:
-        # unsafe=True skips segment_reduce's argument checks, which read values back to the host.
-        return torch.segment_reduce(values, reduce, offsets=bounds, unsafe=True, initial=initial)
-
-    finite_count = per_slot(finite.to(torch.float64), "sum", 0.0)
-    low = per_slot(ordered.masked_fill(~finite, math.inf), "min", math.inf)
-    high = per_slot(ordered.masked_fill(~finite, -math.inf), "max", -math.inf)
-    # Sums of reward - group minimum: a group of equal rewards has its value as its mean, exactly.
-    above = per_slot((ordered - low[group_of]).masked_fill(~finite, 0.0), "sum", 0.0)
-    size = bounds.diff().to(torch.float64)
-    nan_count = per_slot(nan.to(torch.float64), "sum", 0.0)
-    functions = torch.zeros_like(nan_count) if function_nonfinite is None else per_slot(
-        function_nonfinite.to(torch.float64)[order], "sum", 0.0)
-    return RewardSegments(
-        order=order,
-        bounds=bounds,
-        slot=group_of,
-        size=size,
-        finite=finite_count,
-        nan=nan_count,
-        inf=size - finite_count - nan_count,
-        min=low,
-        max=high,
-        mean=low + above / finite_count,
-        function_nonfinite=functions,
-    )
+    groups = host_group_values(rewards, ids, rising)
+    used = groups.size.shape[0]
+    functions = (np.zeros(used) if function_nonfinite is None
+                 else np.bincount(ids.numpy(), host_float64(function_nonfinite), used))
+    starts = groups.bounds[:used]
+    return HostSegments(groups, functions, starts if groups.in_order else groups.order[starts])
 
 
 def worst_groups(
-    segments: RewardSegments | HostSegments,
+    segments: HostSegments,
     peaks: GroupPeaks | None,
-    ratio: torch.Tensor | np.ndarray | None,
+    ratio: np.ndarray | None,
     k: int,
     bound_factor: float,
     key_column: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -165,84 +117,6 @@ def worst_groups(
     ``key_column`` (given the chosen groups' first samples, the numbers that name them)
     the table has one more column, last.
     """
-    if isinstance(segments, HostSegments):
-        return _host_worst_groups(segments, peaks, ratio, k, bound_factor, key_column)
-    order, bounds = segments.order, segments.bounds
-    slots = segments.size.shape[0]
-    if peaks is None:
-        peak = torch.full((slots,), math.nan, dtype=torch.float64, device=order.device)
-        bad = torch.zeros(slots, dtype=torch.float64, device=order.device)
-    else:
-        peak, bad = peaks
-    size = segments.size
-    if ratio is None:
-        ratio = torch.full((slots,), math.nan, dtype=torch.float64, device=order.device)
-    reward_bad = segments.nan + segments.inf
-    function_bad = segments.function_nonfinite
-    reason = torch.full((slots,), float(NOT_CHOSEN), dtype=torch.float64, device=order.device)
-    reason = reason.masked_fill(peak >= 0, float(REASONS.index("largest_abs_advantage")))
-    reason = reason.masked_fill(ratio > bound_factor, float(REASONS.index("beyond_bound")))
-    reason = reason.masked_fill(bad > 0, float(REASONS.index("nonfinite_advantages")))
-    reason = reason.masked_fill(function_bad > 0, float(REASONS.index("nonfinite_reward_functions")))
-    reason = reason.masked_fill(reward_bad > 0, float(REASONS.index("nonfinite_rewards")))
-    reason = reason.masked_fill(size == 0, float(NOT_CHOSEN))
-    # Worst first: by the largest |A|, then (one whole-number key, exact in int64) by reason and most
-    # non-finite values; stable sorts, the last key first.
-    ranked = torch.argsort(torch.nan_to_num(peak, nan=-1.0), descending=True, stable=True)
-    nonfinite = (reward_bad + function_bad + bad).to(torch.int64)
-    span = nonfinite.max() + 1 if slots else 1  # a tensor on the device: no sync
-    primary = reason.to(torch.int64) * span - nonfinite
-    ranked = ranked[torch.argsort(primary[ranked], stable=True)][: min(k, slots)]
-    first = order[bounds[:-1].clamp(max=max(order.shape[0] - 1, 0))].to(torch.float64)
-    columns = {
-        "reason": reason,
-        "first_sample": first,
-        "size": size,
-        "reward_finite_count": segments.finite,
-        "reward_nan_count": segments.nan,
-        "reward_inf_count": segments.inf,
-        "reward_function_nonfinite_count": function_bad,
-        "reward_min": segments.min.masked_fill(segments.finite == 0, math.nan),
-        "reward_max": segments.max.masked_fill(segments.finite == 0, math.nan),
-        "reward_mean": segments.mean,
-        "advantage_abs_max": peak,
-        "advantage_nonfinite_samples": bad,
-        "advantage_bound_ratio": ratio,
-    }
-    table = torch.stack([columns[name][ranked] for name in FIELDS], dim=1)
-    if key_column is None:
-        return table
-    return torch.cat([table, key_column(first[ranked].to(torch.long)).unsqueeze(1)], dim=1)
-
-
-# --------------------------------------------------------------------------- the CPU's
-
-
-# On the CPU a call's few thousand samples cost torch's per-op overhead more than their
-# arithmetic: the same values in NumPy, with bincount and reduceat over one slot per
-# group (ids are dense, so groups 0..n-1 each have samples), take a fraction of the time.
-
-
-def _host_reward_segments(
-    rewards: torch.Tensor, ids: torch.Tensor, function_nonfinite: torch.Tensor | None, rising: bool = False
-) -> HostSegments:
-    """:func:`reward_segments` in NumPy, with one slot per group (no empty slots: shapes need not be fixed here)."""
-    groups = host_group_values(rewards, ids, rising)
-    used = groups.size.shape[0]
-    functions = (np.zeros(used) if function_nonfinite is None
-                 else np.bincount(ids.numpy(), host_float64(function_nonfinite), used))
-    starts = groups.bounds[:used]
-    return HostSegments(groups, functions, starts if groups.in_order else groups.order[starts])
-
-
-def _host_worst_groups(
-    segments: HostSegments,
-    peaks: GroupPeaks | None,
-    ratio: np.ndarray | None,
-    k: int,
-    bound_factor: float,
-    key_column: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> torch.Tensor:
     # A call's fixed cost here is its number of NumPy calls (each a few microseconds, several more once
     # the mask's pass emptied the caches): few of them, over the groups, and the common case's only.
     groups = segments.groups

@@ -15,7 +15,8 @@ Estimators promise different things about |A| (docs/alerts.md, "Normalization ki
 :data:`EVIDENCE_MERGE`, how the groups' peaks compare with both group bounds (what
 :mod:`advmon.normalization` infers a kind from and judges a step by); and
 :func:`group_ratios` gives each group's peak over its bound under a kind, for the
-exemplars. Pure functions, NumPy on the CPU and torch elsewhere (nothing read back).
+exemplars. Pure functions over host data, in NumPy (a device call's ``[B]``-sized
+vectors cross to the host first: :func:`advmon.observation.finish_on_host`).
 
 Example:
     >>> import numpy as np
@@ -35,7 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from advmon.devices import host_float64, sync_free
+from advmon.devices import host_float64
 
 __all__ = [
     "EVIDENCE_FIELDS",
@@ -43,7 +44,6 @@ __all__ = [
     "SLACK",
     "GroupPeaks",
     "call_bounds",
-    "evidence_from_table",
     "group_peaks",
     "group_ratios",
     "merge_evidence",
@@ -133,21 +133,12 @@ def group_peaks(segments: Any, abs_max: Any, nonfinite: Any) -> GroupPeaks | Non
     """Each group's peak |A| and non-finite advantage samples, from per-sample summaries
     (:func:`advmon.row_summaries.row_summaries`' ``peak()`` and ``nonfinite``).
 
-    ``segments`` are :func:`advmon.exemplars.reward_segments`' (NumPy on the CPU:
-    one slot per group; torch elsewhere: ``B`` slots, the unused ones empty).
-    ``None`` without per-sample summaries.
+    ``segments`` are :func:`advmon.exemplars.reward_segments`' (NumPy, one slot per
+    group). ``None`` without per-sample summaries.
     """
     if abs_max is None or nonfinite is None:
         return None
-    groups = getattr(segments, "groups", None)
-    if groups is not None:
-        return _host_group_peaks(groups, abs_max, nonfinite)
-    order, bounds = segments.order, segments.bounds
-    # unsafe=True skips segment_reduce's argument checks, which read values back to the host.
-    peak = torch.segment_reduce(abs_max.to(torch.float64)[order], "max", offsets=bounds, unsafe=True,
-                                initial=-math.inf)
-    bad = torch.segment_reduce(nonfinite.to(torch.float64)[order], "sum", offsets=bounds, unsafe=True, initial=0.0)
-    return GroupPeaks(peak.masked_fill(peak == -math.inf, math.nan), bad)  # nan: no finite advantage in the group
+    return _host_group_peaks(segments.groups, abs_max, nonfinite)
 
 
 def _host_group_peaks(groups: Any, abs_max: Any, nonfinite: Any) -> GroupPeaks:
@@ -169,20 +160,14 @@ def _host_group_peaks(groups: Any, abs_max: Any, nonfinite: Any) -> GroupPeaks:
 
 def call_bounds(segments: Any, peaks: GroupPeaks | None, rewards: torch.Tensor,
                 kind: str | None = None) -> tuple[Any, Any]:
-    """A call's evidence, and each group's peak over its bound under the call's declared ``kind``.
+    """A call's evidence (:data:`EVIDENCE_FIELDS`), and each group's peak over its bound under its declared ``kind``.
 
-    On the CPU the evidence is :data:`EVIDENCE_FIELDS` in NumPy; elsewhere it is the
-    groups' columns as one float64 tensor (:func:`evidence_from_table` finishes it on
-    the host, after the record's one transfer: a handful of kernels, not dozens).
-    ``rewards`` are the call's float64 per-sample rewards. Without ``peaks`` (no
+    ``rewards`` are the call's float64 per-sample rewards (a CPU tensor). Without ``peaks`` (no
     advantages per sample) only the reward counts are known. The groups' ratios
     (:func:`group_ratios`; the looser group bound when ``kind`` is not declared) are
-    ``None`` without peaks and for ``batch`` and ``none``, whose bound is the step's; off
-    the CPU, also where no kind is declared (the host judges the exemplars again).
+    ``None`` without peaks and for ``batch`` and ``none``, whose bound is the step's.
     """
-    groups = getattr(segments, "groups", None)
-    if groups is None:
-        return _device_table(segments, peaks, rewards, kind)
+    groups = segments.groups
     size, low, high, finite = groups.size, groups.low, groups.high, groups.finite
     evidence = np.array(_EMPTY)
     r = host_float64(rewards)
@@ -196,7 +181,7 @@ def call_bounds(segments: Any, peaks: GroupPeaks | None, rewards: torch.Tensor,
         by_spread = _spread_ratios(np, peaks.peak, finite, low, high, 1.0)
         loo = None
         if kind == "group_loo_std":
-            bounds = loo_bounds(np, r if groups.in_order else r[groups.order], groups, size, finite)
+            bounds = loo_bounds(r if groups.in_order else r[groups.order], groups, size, finite)
             loo = group_ratios(np, kind, peaks.peak, size, finite, low, high, loo=bounds)
         _host_judged(evidence, peaks.peak, low, high, by_size, by_spread, loo)
         ratios = {"group_std": by_size, "group_mean": by_spread, "gpg": by_spread * (nonzero or 1) / r.shape[0],
@@ -204,50 +189,7 @@ def call_bounds(segments: Any, peaks: GroupPeaks | None, rewards: torch.Tensor,
     return evidence, ratios
 
 
-def _device_table(segments: Any, peaks: GroupPeaks | None, rewards: torch.Tensor,
-                  kind: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The groups' columns (peak, size, finite count, min, max, and the leave-one-out bound where declared), then
-    the count of non-zero rewards and of rewards: :func:`evidence_from_table`'s input."""
-    counts = torch.stack([torch.count_nonzero(rewards).to(torch.float64),
-                          torch.full((), float(rewards.shape[0]), dtype=torch.float64, device=rewards.device)])
-    if peaks is None:
-        return counts, None
-    columns = [peaks.peak, segments.size, segments.finite, segments.min, segments.max]
-    ratios = loo = None
-    if kind == "group_loo_std":
-        loo = loo_bounds(torch, rewards.to(torch.float64)[segments.order], segments, segments.size, segments.finite)
-    if kind in ("group_std", "group_mean", "gpg", "group_loo_std"):  # a declared group kind: ranked here already
-        scale = counts[1] / counts[0].clamp(min=1.0) if kind == "gpg" else 1.0
-        ratios = group_ratios(torch, kind, *columns, scale=scale, loo=loo)
-    if loo is not None:
-        columns.append(ratios)
-    return torch.cat([torch.stack(columns).reshape(-1), counts]), ratios
-
-
-def evidence_from_table(table: np.ndarray, loo: bool = False) -> np.ndarray:
-    """:data:`EVIDENCE_FIELDS` from a device call's :func:`call_bounds` table, on the host (``loo``: the table
-    has the leave-one-out ratios' column, declared ``group_loo_std``).
-
-    Example:
-        >>> #                  peak      size      finite    min       max     non-zero, rewards
-        >>> table = np.array([2.0, 0.0, 4.0, 4.0, 4.0, 4.0, 0.0, 1.0, 1.0, 1.0, 3.0, 8.0])
-        >>> evidence = dict(zip(EVIDENCE_FIELDS, evidence_from_table(table).tolist()))
-        >>> round(evidence["spread_ratio"], 4), evidence["equal_ratio"], evidence["judged_groups"]
-        (2.0, 0.0, 1.0)
-    """
-    evidence = np.array(_EMPTY)
-    evidence[_FIELD["nonzero_rewards"]], evidence[_FIELD["samples"]] = table[-2], table[-1]
-    columns = table[:-2]
-    if not columns.size:
-        return evidence
-    peak, size, finite, low, high, *ratios = columns.reshape(6 if loo else 5, -1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        _host_judged(evidence, peak, low, high, _std_ratios(np, peak, size),
-                     _spread_ratios(np, peak, finite, low, high, 1.0), ratios[0] if ratios else None)
-    return evidence
-
-
-def loo_bounds(xp: ModuleType, ordered: Any, segments: Any, size: Any, finite: Any) -> Any:
+def loo_bounds(ordered: np.ndarray, segments: Any, size: np.ndarray, finite: np.ndarray) -> np.ndarray:
     """Per group, the largest |A| NeMo-RL's GRPO gives its rewards: each sample's reward minus its peers' mean,
     divided by its peers' std (Bessel) where that is > 0, left undivided where its peers are all equal.
 
@@ -257,39 +199,32 @@ def loo_bounds(xp: ModuleType, ordered: Any, segments: Any, size: Any, finite: A
     give a std of 0 here, where float32's ``E[x^2] - E[x]^2`` may not (the cancellation
     this bound catches). A group of equal rewards is allowed ``G / sqrt(G - 1)``, as a
     normalized group. ``nan`` for groups with a non-finite reward or of one sample.
-    ``ordered`` are the rewards in group order, ``segments`` give each ordered sample's group.
+    ``ordered`` are the rewards in group order, ``segments`` (:class:`~advmon.groups.HostGroups`) their groups.
     """
     count = ordered.shape[0]
-    if xp is np:
-        slots = size.shape[0]
-        starts = segments.bounds[:slots]
-        each = np.repeat(np.arange(slots), np.diff(segments.bounds[: slots + 1]))
+    slots = size.shape[0]
+    starts = segments.bounds[:slots]
+    each = np.repeat(np.arange(slots), np.diff(segments.bounds[: slots + 1]))
 
-        def per_group(values: Any, how: Any = np.add) -> Any:
-            return how.reduceat(values, starts) if slots else np.zeros(0)
-    else:
-        each = segments.slot
+    def per_group(values: Any, how: Any = np.add) -> Any:
+        return how.reduceat(values, starts) if slots else np.zeros(0)
 
-        def per_group(values: Any, how: Any = None) -> Any:
-            reduce = "max" if how is np.maximum else "sum"
-            initial = -math.inf if reduce == "max" else 0.0
-            return torch.segment_reduce(values, reduce, offsets=segments.bounds, unsafe=True, initial=initial)
     n = size[each] if count else size[:0]
     centred = ordered - (per_group(ordered) / size)[each]
     spread = per_group(centred * centred)[each]  # (n - 1) x the group's sample variance
-    gap = centred * n / xp.where(n > 1, n - 1, math.nan)  # reward minus the peers' mean
+    gap = centred * n / np.where(n > 1, n - 1, math.nan)  # reward minus the peers' mean
     with np.errstate(divide="ignore", invalid="ignore"):
         peers = (spread - centred * gap) / (n - 2)  # the peers' sample variance (n >= 3)
-        peers = xp.where(n >= 3, peers, 0.0)
+        peers = np.where(n >= 3, peers, 0.0)
         # Equal peers: 0, give or take the rounding of the centred sums.
-        equal = peers <= 1e-12 * xp.where(n > 1, spread / (n - 1), 0.0)
-        value = xp.where(equal, xp.abs(gap), xp.abs(gap) / xp.sqrt(xp.where(equal, 1.0, peers)))
+        equal = peers <= 1e-12 * np.where(n > 1, spread / (n - 1), 0.0)
+        value = np.where(equal, np.abs(gap), np.abs(gap) / np.sqrt(np.where(equal, 1.0, peers)))
     bound = per_group(value, np.maximum)
     # A group of equal rewards is meant to get 0, but float32 leaves a little (NeMo-RL gives 1.5e-4 at reward
     # 0.01): what a normalized group could reach is harmless there.
-    differ = per_group(xp.abs(centred), np.maximum) > 0
-    bound = xp.where(differ, bound, size / xp.sqrt(xp.where(size >= 2, size - 1, 1.0)))
-    return xp.where((finite == size) & (size >= 2), bound, math.nan)
+    differ = per_group(np.abs(centred), np.maximum) > 0
+    bound = np.where(differ, bound, size / np.sqrt(np.where(size >= 2, size - 1, 1.0)))
+    return np.where((finite == size) & (size >= 2), bound, math.nan)
 
 
 def _host_judged(evidence: np.ndarray, peak: np.ndarray, low: np.ndarray, high: np.ndarray, by_size: np.ndarray,

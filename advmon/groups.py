@@ -2,17 +2,16 @@
 
 A group-relative estimator (GRPO, RLOO, DAPO...) learns nothing from a group whose
 rewards are all equal: its advantages are all zero (or undefined). These pure
-functions find the groups and count such groups, per call and on the device.
+functions find the groups and count such groups, per call.
 
-On the CPU they may read values (``torch.unique`` where identical prompt rows are
-apart), and the groups' values are NumPy (:func:`host_group_values`: a call's few
-thousand samples cost per-call overhead, which NumPy keeps lower than torch). Off it
-(:func:`advmon.devices.sync_free`) nothing is read back to the host: prompt rows
-are grouped by sorting a row hash, per-group values come from (group, reward)
-sorted segments, and on CUDA with Triton one tiled kernel does the groups' work
-(:mod:`advmon.triton_groups`). Group ids are dense on every path; their numbering
-may differ (the CPU numbers contiguous prompt rows as they appear, so they rise
-along the batch and the drill-down needs no sort).
+These are host functions. On the CPU they read values (``torch.unique`` where identical
+prompt rows are apart), and the groups' values are NumPy (:func:`host_group_values`: a
+call's few thousand samples cost per-call overhead, which NumPy keeps lower than torch).
+A device (:func:`advmon.devices.sync_free`) only reduces what is ``[B, S]``: prompt rows
+become a 64-bit row hash each (:func:`device_group_vector`), which crosses to the host in
+the record's one transfer and is numbered there (:func:`host_grouping`), as the CPU
+numbers its rows. Group ids are dense; the CPU and the hashes number contiguous prompt
+rows as they appear, so they rise along the batch and the drill-down needs no sort.
 
 Groups come from, in order of preference:
 
@@ -40,21 +39,23 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from advmon.devices import attempt_triton, host_float64, path_for, sync_free, to_device
+from advmon.devices import host_float64, sync_free, to_device
 
 __all__ = [
     "GROUP_COUNT_FIELDS",
     "Grouping",
     "GroupsError",
     "HostGroups",
-    "PerGroup",
     "RowKeys",
+    "check_group_tensor",
     "derived_pre_norm",
+    "device_group_vector",
     "group_counts",
     "group_ids",
     "group_ids_and_row_keys",
     "group_statistics",
     "host_group_values",
+    "host_grouping",
     "merge_group_counts",
     "row_keys",
 ]
@@ -136,11 +137,8 @@ class RowKeys(NamedTuple):
     run_of_row: torch.Tensor | None = None
 
     def of(self, rows: torch.Tensor) -> torch.Tensor:
-        """The keys of the batch's rows ``rows`` (indices on the hashes' device), as :func:`row_keys` makes them."""
-        if not sync_free(self.hashes):
-            return _host_keys_of(self, rows)
-        hashes = self.hashes[rows if self.run_of_row is None else self.run_of_row[rows]]
-        return (hashes & _KEY_BITS).to(torch.float64)
+        """The keys of the batch's rows ``rows`` (CPU indices), as :func:`row_keys` makes them."""
+        return _host_keys_of(self, rows)
 
 
 def _host_keys_of(keys: RowKeys, rows: torch.Tensor) -> torch.Tensor:
@@ -150,13 +148,21 @@ def _host_keys_of(keys: RowKeys, rows: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy((hashes & _KEY_BITS).astype(np.float64))
 
 
-def _tensor_group_ids(groups: torch.Tensor, batch_size: int) -> Grouping:
+def check_group_tensor(groups: torch.Tensor, batch_size: int) -> None:
+    """Raise :class:`GroupsError` unless ``groups`` is ``[batch_size]`` ids or ``[batch_size, S]`` prompt rows."""
     if groups.dim() == 0 or groups.shape[0] != batch_size or groups.dim() > 2:
         raise GroupsError(
             f"expected group ids of shape [{batch_size}] or [{batch_size}, S], got {list(groups.shape)}"
         )
+
+
+def _tensor_group_ids(groups: torch.Tensor, batch_size: int) -> Grouping:
+    check_group_tensor(groups, batch_size)
+    if sync_free(groups):  # a device's tensor: reduced there to [B], read back once, numbered here
+        return host_grouping(device_group_vector(groups).cpu().numpy(), rows=groups.dim() == 2,
+                             integer=not groups.is_floating_point())
     if groups.dim() == 2:
-        return _hashed_row_group_ids(groups) if sync_free(groups) else _row_group_ids(groups)
+        return _row_group_ids(groups)
     if batch_size == 0:
         return Grouping(torch.zeros(0, dtype=torch.long, device=groups.device), rising=True)
     ordered, order = torch.sort(groups, stable=True)
@@ -200,22 +206,66 @@ def _row_group_ids(rows: torch.Tensor) -> Grouping:
     return Grouping(group_of_run[run_of_row], keys)
 
 
-def _hashed_row_group_ids(rows: torch.Tensor) -> Grouping:
-    """Identical rows share a group, found without ``torch.unique`` (which reads sizes back to the host).
+def device_group_vector(groups: torch.Tensor) -> torch.Tensor:
+    """A device's group tensor reduced to what the host numbers its groups from: ``[B]`` float64, a copy.
 
-    Rows are sorted by a 64-bit hash, so identical rows are neighbours; a group
-    starts wherever a row differs from the one before it (compared in full: two
-    different rows are never merged), and ``cumsum`` numbers the groups. Only a
-    hash collision between different rows, at odds of about ``B**2 / 2**64``,
-    could split a group.
+    Prompt rows ``[B, S]`` become their 64-bit row hashes and integer ids are widened to
+    int64, both carried as their bits viewed as float64 (exact through the record's
+    float64 transfer: :func:`host_grouping` views them back); float ids become float64
+    values. A copy in every case: the estimator may change its inputs in place.
+
+    Example:
+        >>> rows = torch.tensor([[5, 6], [5, 6], [7, 8]])
+        >>> hashes = device_group_vector(rows).numpy().view(np.int64)
+        >>> bool(hashes[0] == hashes[1] != hashes[2])
+        True
     """
-    if rows.shape[0] == 0:
-        return Grouping(torch.zeros(0, dtype=torch.long, device=rows.device), rising=True)
-    hashes = _row_hashes(rows)
-    order = torch.argsort(hashes, stable=True)
-    ordered = rows[order]
-    ids = _in_original_order(order, _run_numbers((ordered[1:] != ordered[:-1]).any(dim=1)))
-    return Grouping(ids, RowKeys(hashes))
+    if groups.dim() == 2:
+        return _row_hashes(groups).view(torch.float64)
+    if groups.is_floating_point():
+        return groups.to(torch.float64, copy=True)
+    return groups.to(torch.int64, copy=True).view(torch.float64)
+
+
+def host_grouping(vector: np.ndarray, rows: bool, integer: bool) -> Grouping:
+    """Dense group ids, on the host, from a :func:`device_group_vector` (``rows``: of prompt rows; ``integer``:
+    of integer ids).
+
+    Ids are numbered as the CPU numbers the same groups: a 1-D tensor's by value (sorted),
+    prompt rows' runs of equal hashes in order of appearance when every run is another
+    prompt (else by hash). Rows are one group when their hashes are: a collision between
+    different rows, at odds of about ``B**2 / 2**64``, would merge their groups.
+
+    Example:
+        >>> rows = torch.tensor([[5, 6], [5, 6], [7, 8], [7, 8]])
+        >>> found = host_grouping(device_group_vector(rows).numpy(), rows=True, integer=True)
+        >>> found.ids.tolist(), found.rising
+        ([0, 0, 1, 1], True)
+    """
+    if rows:
+        return _hash_group_ids(vector.view(np.int64))
+    values = torch.from_numpy(vector.view(np.int64) if integer else vector)
+    if values.shape[0] == 0:
+        return Grouping(torch.zeros(0, dtype=torch.long), rising=True)
+    ordered, order = torch.sort(values, stable=True)
+    return Grouping(_in_original_order(order, _run_numbers(ordered[1:] != ordered[:-1])))
+
+
+def _hash_group_ids(hashes: np.ndarray) -> Grouping:
+    """:func:`_row_group_ids` from the rows' hashes, in NumPy: runs of equal hashes, numbered as they appear
+    when every run is another prompt."""
+    count = hashes.shape[0]
+    if count == 0:
+        return Grouping(torch.zeros(0, dtype=torch.long), RowKeys(torch.from_numpy(hashes)), rising=True)
+    starts = np.ones(count, dtype=bool)
+    np.not_equal(hashes[1:], hashes[:-1], out=starts[1:])
+    run_of_row = np.cumsum(starts, dtype=np.int64) - 1
+    representatives = hashes[starts]
+    keys = RowKeys(torch.from_numpy(representatives), torch.from_numpy(run_of_row))
+    distinct, group_of_run = np.unique(representatives, return_inverse=True)
+    if distinct.shape[0] == representatives.shape[0]:
+        return Grouping(torch.from_numpy(run_of_row), keys, rising=True)
+    return Grouping(torch.from_numpy(group_of_run.reshape(-1)[run_of_row]), keys)
 
 
 #: A row key is its hash's low 48 bits: exact in float64, which the record's transfer carries.
@@ -303,17 +353,6 @@ def _hashable(item: Any) -> Any:
     return item
 
 
-class PerGroup(NamedTuple):
-    """Each group's size and finite rewards' count, mean, min and max (one slot per group, unused slots empty)."""
-
-    size: torch.Tensor
-    finite: torch.Tensor
-    mean: torch.Tensor
-    min: torch.Tensor
-    max: torch.Tensor
-    slot: torch.Tensor  #: each sample's group slot
-
-
 class HostGroups(NamedTuple):
     """A call's groups in NumPy (:func:`host_group_values`): one slot per group, in id order."""
 
@@ -386,45 +425,6 @@ def host_group_values(rewards: torch.Tensor, ids: torch.Tensor, rising: bool = F
     return HostGroups(order, bounds, in_order, size, finite_count, nan_count, inf_count, low, high, mean)
 
 
-def _sorted_per_group(rewards: torch.Tensor, ids: torch.Tensor) -> PerGroup:
-    """Per-group values of float64 rewards off the CPU: no atomics, no host reads, deterministic on every device.
-
-    Samples are sorted by group, then by reward (non-finite rewards last), so each
-    group is a segment whose first and last finite entries are its minimum and
-    maximum; ``searchsorted`` finds the segments' bounds, and ``segment_reduce``
-    sums each segment on its own (a running ``cumsum`` would carry other groups'
-    magnitudes into its differences, and is not deterministic on CUDA for floats).
-    What is summed is ``reward - group minimum``: a zero-std group sums exact zeros,
-    so its mean is its value exactly. Slot ``s`` holds the ``s``-th group.
-    """
-    count = rewards.shape[0]
-    key = torch.where(rewards.abs() < math.inf, rewards, math.inf)  # NaN and -inf sort with inf, last
-    by_reward = torch.argsort(key, stable=True)
-    order = by_reward[torch.argsort(ids[by_reward], stable=True)]
-    group_of = ids[order]
-    ordered = key[order]
-    segment = _run_numbers(group_of[1:] != group_of[:-1])
-    # Slot s is ordered[bounds[s]:bounds[s + 1]] (empty past the last group).
-    bounds = torch.searchsorted(segment, torch.arange(count + 1, device=rewards.device))
-    first, after = bounds[:-1], bounds[1:]
-    usable = ordered < math.inf
-    running = torch.cat([bounds.new_zeros(1), torch.cumsum(usable, 0)])  # integers: exact and deterministic
-    finite = running[after] - running[first]
-    low = ordered[first.clamp(max=count - 1)]  # inf where a group has no finite reward
-    high = ordered[(first + finite - 1).clamp(min=0, max=count - 1)]  # meaningful where finite >= 1
-    above = torch.where(usable, ordered - low[segment], 0.0)
-    # unsafe=True skips segment_reduce's argument checks, which read values back to the host.
-    total_above = torch.segment_reduce(above, "sum", offsets=bounds, unsafe=True, initial=0.0)
-    return PerGroup(
-        size=after - first,
-        finite=finite,
-        mean=low + total_above / finite,
-        min=low,
-        max=torch.where(finite > 0, high, -math.inf),
-        slot=_in_original_order(order, segment),
-    )
-
-
 def group_counts(
     rewards: torch.Tensor | None,
     ids: torch.Tensor | None,
@@ -461,9 +461,9 @@ def group_statistics(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`group_counts` and :func:`derived_pre_norm` of one call, from one pass over its groups.
 
-    On the CPU ``per_group`` are the groups' values when the caller has them already
-    (the drill-down's, :func:`host_group_values` of the same ids); ``rising`` says the
-    ids are known not to fall.
+    Host data (CPU tensors): ``per_group`` are the groups' values when the caller has them
+    already (the drill-down's, :func:`host_group_values` of the same ids); ``rising`` says
+    the ids are known not to fall.
 
     Example:
         >>> counts, pre_norm = group_statistics(torch.tensor([1.0, 3.0, 2.0, 2.0]), torch.tensor([0, 0, 1, 1]), None)
@@ -473,49 +473,14 @@ def group_statistics(
     rewards = rewards.to(torch.float64)
     if ids is None:
         return group_counts(rewards, None, reward_range), derived_pre_norm(rewards, None)
-    if not sync_free(rewards):
-        host = per_group if per_group is not None else host_group_values(rewards, ids, rising)
-        return _host_counts(host, reward_range), _host_minus_group_means(rewards, host, ids)
-    if path_for(rewards.device) == "triton":
-        found = attempt_triton(lambda: _triton_group_statistics(rewards, ids, reward_range), rewards.device)
-        if found is not None:
-            return found
-    group = _sorted_per_group(rewards, ids)
-    return _counts(group, reward_range), _minus_group_means(rewards, group)
-
-
-def _triton_group_statistics(rewards, ids, reward_range):
-    from advmon.triton_groups import triton_group_statistics  # imports triton: only where it is used
-
-    return triton_group_statistics(rewards, ids, reward_range)
-
-
-def _counts(group: PerGroup, reward_range: tuple[float, float] | None) -> torch.Tensor:
-    exists = group.size > 0
-    comparable = group.finite >= 2
-    low, high = reward_range if reward_range is not None else (math.nan, math.nan)
-    fields = [
-        exists,
-        group.size == 1,
-        comparable,
-        comparable & (group.min == group.max),
-        exists & (group.finite < group.size),
-        comparable & (group.max <= low),
-        comparable & (group.min >= high),
-    ]
-    counts = torch.cat([torch.stack(fields).sum(dim=1), _largest(group.size)[None]]).to(torch.float64)
-    if reward_range is None:
-        counts[5:7] = math.nan
-    return counts
+    host = per_group if per_group is not None else host_group_values(rewards, ids, rising)
+    return _host_counts(host, reward_range), _host_minus_group_means(rewards, host, ids)
 
 
 def _group_sizes(ids: torch.Tensor) -> torch.Tensor:
-    """Samples per group slot of dense ids (sorted and counted by ``searchsorted`` off the CPU: no atomics)."""
+    """Samples per group slot of dense ids."""
     slots = torch.arange(ids.shape[0], device=ids.device)
-    if not sync_free(ids):
-        return torch.zeros_like(slots).index_add_(0, ids, torch.ones_like(slots))
-    ordered = torch.sort(ids).values
-    return torch.searchsorted(ordered, slots, right=True) - torch.searchsorted(ordered, slots)
+    return torch.zeros_like(slots).index_add_(0, ids, torch.ones_like(slots))
 
 
 def _largest(sizes: torch.Tensor) -> torch.Tensor:
@@ -552,12 +517,8 @@ def derived_pre_norm(rewards: torch.Tensor, ids: torch.Tensor | None) -> torch.T
     return group_statistics(rewards, ids, None)[1]
 
 
-def _minus_group_means(rewards: torch.Tensor, group: PerGroup) -> torch.Tensor:
-    return rewards - group.mean[group.slot]
-
-
 def _host_counts(group: HostGroups, reward_range: tuple[float, float] | None) -> torch.Tensor:
-    """:func:`_counts` of the CPU's groups, in NumPy (every slot is a group there)."""
+    """:func:`group_counts` of host groups, in NumPy (every slot is a group there)."""
     size, finite = group.size, group.finite
     comparable = finite >= 2
     counts = [
@@ -574,7 +535,7 @@ def _host_counts(group: HostGroups, reward_range: tuple[float, float] | None) ->
         low, high = reward_range
         counts[5] = np.count_nonzero(comparable & (group.high <= low))
         counts[6] = np.count_nonzero(comparable & (group.low >= high))
-    return torch.tensor(counts, dtype=torch.float64)
+    return torch.from_numpy(np.array(counts, dtype=np.float64))  # no torch op: a host value, not a device's
 
 
 def _host_minus_group_means(rewards: torch.Tensor, group: HostGroups, ids: torch.Tensor) -> torch.Tensor:

@@ -675,17 +675,20 @@ class Monitor:
             self._stop.reason = reason  # type: ignore[union-attr]
 
     def _build_record(self, step: int, calls: list[CallParts], quiet: bool) -> Record | None:
+        problems: list[Problem] = []  # what the host half of a device call could not finish
         if self.reduce == "ranks":
             try:
-                local = assembly.collect(calls)
+                local = assembly.collect(calls, problems)
             except Exception as exc:  # noqa: BLE001 - still take part in the gather, or every rank hangs
                 self._report([_internal_problem(exc)], cause=exc, quiet=True)
                 local = assembly.StepParts()
             parts = assembly.gather_ranks(local)
+            self._report(problems, quiet=quiet)  # after the gather: strict mode's raise must not hang the others
             if parts is None or parts.is_empty:
                 return None  # another rank emits; or no rank recorded anything this step
         else:
-            parts = assembly.collect(calls)
+            parts = assembly.collect(calls, problems)
+            self._report(problems, quiet=quiet)
         summaries, histograms = assembly.summaries_of(parts, HISTOGRAM_STAGES if self.histograms else ())
         self._report(assembly.record_problems(summaries, parts), quiet=quiet)
         verdict = judge(parts.normalizations, parts.bound_evidence, summaries, self.reward_range)

@@ -3,6 +3,13 @@
 Pure functions over tensors: nothing here warns, counts or emits. What cannot be
 used is reported as a :class:`Problem` and the rest is still observed, so a
 monitor can record what it can and say what it could not.
+
+On the CPU a call's groups, worst groups and slices are NumPy, made during the
+call. On a device (:func:`advmon.devices.sync_free`) the call reduces only what is
+``[B, T]`` or ``[B, S]`` (the advantages' sketch and row summaries, the prompt rows'
+hashes) and keeps its ``[B]``-sized vectors in a :class:`HostWork`; they cross to
+the host in the record's one transfer, where :func:`finish_on_host` runs the same
+NumPy code the CPU path runs.
 """
 
 from __future__ import annotations
@@ -15,29 +22,35 @@ from typing import Any
 import numpy as np
 import torch
 
-from advmon.devices import host_float64, sync_free, to_device, where_float64_works
-from advmon.exemplars import HostSegments, RewardSegments, reward_segments, worst_groups
+from advmon.devices import host_float64, statistics_path, sync_free, to_device, where_float64_works
+from advmon.exemplars import HostSegments, reward_segments, worst_groups
 from advmon.group_bounds import call_bounds, group_peaks
 from advmon.groups import (
     Grouping,
     GroupsError,
     HostGroups,
     RowKeys,
+    check_group_tensor,
+    device_group_vector,
     group_counts,
     group_ids_and_row_keys,
     group_statistics,
+    host_grouping,
     row_keys,
 )
 from advmon.prefix_sketch import RowExtremes
-from advmon.row_summaries import RowSummary, row_summaries
+from advmon.row_summaries import RowSummary, row_summaries, value_summaries
 from advmon.slices import SliceIndex, slice_name, slice_table
-from advmon.stats import EXACT_LIMIT, Part, dense_part, row_valid_counts, value_part
+from advmon.sketch_format import HostPart
+from advmon.stats import EXACT_LIMIT, Part, dense_part, row_valid_counts, to_host, value_part
 
 __all__ = [
     "CallParts",
+    "HostWork",
     "Problem",
     "advantages_of",
     "estimator_metrics_of",
+    "finish_on_host",
     "InputObservation",
     "observe_call",
     "observe_inputs",
@@ -82,6 +95,50 @@ class CallParts:
     slices: torch.Tensor | None = None
     slice_names: list[str | None] | None = None
     sample_slices: np.ndarray | None = None
+    #: A device call's ``[B]``-sized work, finished on the host after the transfer (then ``groups``,
+    #: ``bound_evidence``, ``exemplars``, ``slices`` and a derived pre_norm come from :func:`finish_on_host`).
+    host_work: HostWork | None = None
+
+
+@dataclass
+class HostWork:
+    """A device call's ``[B]``-sized work, done on the host by the CPU path's NumPy code (:func:`finish_on_host`).
+
+    ``vectors`` are what the device computed for it, ``[B]`` each, that travel in the
+    record's one transfer: ``rewards`` (a float64 copy), ``groups`` (the groups'
+    :func:`~advmon.groups.device_group_vector`), ``function_nonfinite`` (the reward
+    functions' NaN and Inf scores per sample) and the advantages' row summaries
+    (``abs_max``, ``nonfinite``, and ``total`` and ``count`` for slices). The rest is
+    host data taken during the call.
+    """
+
+    batch: int
+    reward_range: tuple[float, float] | None
+    vectors: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: Groups numbered during the call (blocks of ``group_size``, a sequence of items); ``None``: see ``shipped``.
+    grouping: Grouping | None = None
+    #: Of the ``groups`` vector, if one travels: (made of prompt rows, of integer ids).
+    shipped: tuple[bool, bool] | None = None
+    groups: Any = None  #: the caller's groups (a sequence of items names its exemplars)
+    group_size: int | None = None
+    exemplars: int = 0
+    bound_factor: float = math.inf
+    sample_slices: np.ndarray | None = None
+    slices: SliceSnapshot | None = None
+    #: The row summaries come from the post_norm stage's exact part: ``"values"`` (one value a sample) or
+    #: ``"weighted"`` (an expand view's rows, weighted by their valid counts); ``None``: from ``vectors``.
+    rows_of_post_norm: str | None = None
+
+
+@dataclass(frozen=True)
+class SliceSnapshot:
+    """A run's :class:`~advmon.slices.SliceIndex` as a call saw it: later calls may name more slots."""
+
+    slots: int
+    names: tuple[str | None, ...]
+
+    def slot_names(self) -> list[str | None]:
+        return list(self.names)
 
 
 @dataclass(frozen=True)
@@ -260,6 +317,7 @@ class InputObservation:
     parts: CallParts
     rewards: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    #: The groups' dense ids; on a device, where they are numbered on the host, the vector they are numbered from.
     group_ids: torch.Tensor | None = None
     groups: Any = None
     row_keys: RowKeys | None = None  #: prompt rows' hashes, taken by the grouping: the exemplars' keys
@@ -267,11 +325,11 @@ class InputObservation:
     #: Exemplars wanted per call, and the multiple of its bound that makes a group "beyond" it.
     exemplars: int = 0
     bound_factor: float = math.inf
-    segments: RewardSegments | HostSegments | None = None
+    segments: HostSegments | None = None
     row_counts: torch.Tensor | None = None  #: the mask's, once an expand view needed them
     slice_slots: torch.Tensor | None = None  #: each sample's slice slot, on the rewards' device
     sample_slices: np.ndarray | None = None  #: the same, on the host
-    slice_index: SliceIndex | None = None
+    slice_index: SliceIndex | SliceSnapshot | None = None
     pending_slices: tuple[Any, SliceIndex] | None = None  #: labels not yet numbered (no batch size yet)
     function_nonfinite: torch.Tensor | None = None  #: per sample: reward functions that scored it NaN or Inf
     extremes: RowExtremes | None = None  #: dense advantages' row extremes, from the CPU sketch's pass
@@ -324,11 +382,17 @@ def observe_inputs(
     if seen.rewards is None:
         return seen  # slices, if any, are taken with the advantages' batch
     parts = seen.parts
-    parts.stages["rewards"] = [value_part(seen.rewards)]
+    on_device = sync_free(seen.rewards) and seen.rewards.numel() <= EXACT_LIMIT
+    # On a device the host makes the exact part from the float64 copy below, which crosses anyway: an empty
+    # stage is one :func:`finish_on_host` fills.
+    parts.stages["rewards"] = [] if on_device else [value_part(seen.rewards)]
     # Every consumer below (group values, worst groups, slices) works in float64: converted once here, into
     # a copy of its own (the slices read it after the estimator, which may change its input in place).
     seen.rewards = seen.rewards.to(torch.float64, copy=True)
     batch = seen.rewards.shape[0]
+    if sync_free(seen.rewards):
+        _defer_to_host(seen, batch, reward_range, problems, functions)
+        return seen
     grouped = _attempt(problems, lambda: _group_ids(groups, group_size, batch, seen.rewards))
     rising = False
     if grouped is not None:
@@ -336,16 +400,66 @@ def observe_inputs(
     if seen.pending_slices is not None:
         _attempt(problems, lambda: _slice_slots(seen, batch, seen.rewards.device))
     seen.function_nonfinite = _function_nonfinite(functions, seen.rewards)
+    pre_norm = _groups_and_pre_norm(seen, reward_range, problems, rising)
+    parts.stages["pre_norm"] = [value_part(pre_norm)]
+    parts.pre_norm_source = "derived"
+    return seen
+
+
+def _groups_and_pre_norm(seen: InputObservation, reward_range: tuple[float, float] | None, problems: list[Problem],
+                         rising: bool) -> torch.Tensor:
+    """The call's group values (for the drill-down) and counts, and its derived pre_norm: host data, NumPy."""
     if seen.group_ids is not None:  # the groups' values serve their bounds, the exemplars and the slices
         try:
             seen.segments = reward_segments(seen.rewards, seen.group_ids, seen.function_nonfinite, rising=rising)
         except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
             problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
-    parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, reward_range, _shared_groups(seen),
-                                              rising=rising)
-    parts.stages["pre_norm"] = [value_part(pre_norm)]
+    seen.parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, reward_range, _shared_groups(seen),
+                                                   rising=rising)
+    return pre_norm
+
+
+def _defer_to_host(seen: InputObservation, batch: int, reward_range: tuple[float, float] | None,
+                   problems: list[Problem], functions: list[torch.Tensor]) -> None:
+    """:func:`observe_inputs` on a device: the ``[B]`` vectors the host finishes the call from (:class:`HostWork`).
+
+    The derived pre_norm keeps its place among the stages, empty until :func:`finish_on_host` fills it.
+    """
+    parts = seen.parts
+    work = parts.host_work = _host_work(seen, batch, reward_range)
+    work.vectors["rewards"] = seen.rewards
+    _attempt(problems, lambda: _plan_grouping(seen, work, seen.rewards.device))
+    if seen.pending_slices is not None:
+        _attempt(problems, lambda: _slice_slots(seen, batch, None))
+    seen.function_nonfinite = _function_nonfinite(functions, seen.rewards)
+    if seen.function_nonfinite is not None:
+        work.vectors["function_nonfinite"] = seen.function_nonfinite
+    parts.stages["pre_norm"] = []
     parts.pre_norm_source = "derived"
-    return seen
+
+
+def _host_work(seen: InputObservation, batch: int, reward_range: tuple[float, float] | None) -> HostWork:
+    return HostWork(batch, reward_range, groups=seen.groups, group_size=seen.group_size, exemplars=seen.exemplars,
+                    bound_factor=seen.bound_factor)
+
+
+def _plan_grouping(seen: InputObservation, work: HostWork, device: torch.device) -> None:
+    """How the host finds the call's groups: a device's group tensor reduced to ``[B]`` to travel, or groups
+    that are host data numbered now (blocks of ``group_size``, a sequence of items, a CPU tensor)."""
+    groups, batch = seen.groups, work.batch
+    if seen.group_size is None and groups is None:
+        return
+    if isinstance(groups, np.ndarray) and groups.dtype.kind in "biuf":
+        groups = torch.from_numpy(groups)
+    if seen.group_size is None and isinstance(groups, torch.Tensor) and sync_free(groups):
+        groups = groups.detach()
+        check_group_tensor(groups, batch)
+        seen.group_ids = work.vectors["groups"] = to_device(device_group_vector(groups), device)
+        work.shipped = (groups.dim() == 2, not groups.is_floating_point())
+        return
+    with statistics_path("cpu"):  # host data: read it
+        work.grouping = group_ids_and_row_keys(groups, batch, group_size=seen.group_size)
+    seen.group_ids = work.grouping.ids
 
 
 def _shared_groups(seen: InputObservation) -> HostGroups | None:
@@ -366,8 +480,9 @@ def _function_nonfinite(functions: list[torch.Tensor], rewards: torch.Tensor) ->
     return counts
 
 
-def _slice_slots(seen: InputObservation, batch: int, device: torch.device) -> None:
-    """Each sample's slice slot, from labels on the host (a device tensor of labels is read back once)."""
+def _slice_slots(seen: InputObservation, batch: int, device: torch.device | None) -> None:
+    """Each sample's slice slot, from labels on the host (a device tensor of labels is read back once); on
+    ``device`` too, unless ``None`` (a device call's slices are summed on the host)."""
     labels, index = seen.pending_slices
     seen.pending_slices = None
     if isinstance(labels, torch.Tensor):
@@ -380,7 +495,11 @@ def _slice_slots(seen: InputObservation, batch: int, device: torch.device) -> No
     ids = index.ids(labels)
     seen.slice_index = index
     seen.sample_slices = ids
-    seen.slice_slots = to_device(torch.from_numpy(ids), device)
+    if device is not None:
+        seen.slice_slots = to_device(torch.from_numpy(ids), device)
+    elif seen.parts.host_work is not None:
+        seen.parts.host_work.sample_slices = ids
+        seen.parts.host_work.slices = SliceSnapshot(index.slots, tuple(index.slot_names()))
 
 
 def observe_output(
@@ -400,13 +519,22 @@ def observe_output(
     per_token = advantages_t is not None and advantages_t.dim() == 2 and advantages_t.shape[1] > 1
     if seen.mask_unusable and per_token:
         advantages_t = None  # counting every position would be a wrong statistic, silently
-    if advantages_t is not None and "post_norm" not in parts.stages:
+    post_made = advantages_t is not None and "post_norm" not in parts.stages
+    if post_made:
         seen.extremes = _wanted_extremes(seen, advantages_t)
         post = _attempt(problems, lambda: tensor_part(advantages_t, seen.mask, _expand_row_counts(seen, advantages_t),
                                                       seen.extremes))
         if post is not None:
             parts.stages["post_norm"] = [post]
     batch = _batch_size(seen.rewards, advantages_t, problems)
+    if parts.host_work is None and seen.rewards is None and batch is not None and advantages_t is not None \
+            and sync_free(advantages_t):  # groups or slices without rewards, on a device
+        parts.host_work = _host_work(seen, batch, reward_range)
+        _attempt(problems, lambda: _plan_grouping(seen, parts.host_work, advantages_t.device))
+    if parts.host_work is not None:
+        made = parts.stages.get("post_norm") if post_made else None
+        _defer_outputs_to_host(seen, parts.host_work, advantages_t, problems, None if made is None else made[0])
+        return parts
     if seen.pending_slices is not None and batch is not None and advantages_t is not None:
         _attempt(problems, lambda: _slice_slots(seen, batch, advantages_t.device))
     if seen.segments is not None or seen.slice_slots is not None:
@@ -482,10 +610,114 @@ def _expand_row_counts(seen: InputObservation, advantages: torch.Tensor) -> torc
     return seen.row_counts
 
 
+def _defer_outputs_to_host(seen: InputObservation, work: HostWork, advantages: torch.Tensor | None,
+                           problems: list[Problem], post: Part | None) -> None:
+    """:func:`observe_output` on a device: the advantages' row summaries join the vectors the host finishes from.
+
+    Advantages of one value a sample (``[B]``, ``[B, 1]``, an expand view) whose post_norm part
+    is exact need none: that part's values and weights (each row's valid count) cross
+    anyway, and the host summarises them (``post``: the part made of these advantages).
+    """
+    if seen.pending_slices is not None and advantages is not None:
+        _attempt(problems, lambda: _slice_slots(seen, work.batch, None))
+    grouped = work.grouping is not None or work.shipped is not None
+    if advantages is None or not ((grouped and seen.rewards is not None) or work.sample_slices is not None):
+        return
+    per_sequence = advantages.dim() == 1 or (advantages.dim() == 2 and advantages.shape[1] == 1)
+    one_value_a_row = per_sequence or (advantages.dim() == 2 and advantages.stride(1) == 0)
+    if post is not None and post.kind == "exact" and one_value_a_row and advantages.shape[0] == work.batch:
+        work.rows_of_post_norm = "values" if per_sequence else "weighted"
+        return
+    try:
+        rows = _advantage_rows(seen, advantages, work.sample_slices is not None, work.batch)
+    except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
+        problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
+        return
+    if rows is not None:
+        work.vectors.update((name, vector) for name, vector in zip(RowSummary._fields, rows) if vector is not None)
+
+
+def finish_on_host(parts: CallParts, vectors: Mapping[str, np.ndarray], stages: Mapping[str, list[HostPart]],
+                   problems: list[Problem]) -> CallParts:
+    """A device call's groups and their counts, rewards and derived pre_norm parts, bound evidence, worst groups
+    and slices, on the host from its :class:`HostWork`, the ``vectors`` that crossed (as NumPy arrays, by name)
+    and its ``stages`` as they crossed.
+
+    The CPU path's own code makes them, so a record is the same on every path. Returns a
+    :class:`CallParts` of host values (CPU tensors and NumPy arrays; its ``stages`` hold
+    :class:`~advmon.stats.HostPart` s for the call's empty stages); what fails is a problem
+    and the rest is still finished.
+    """
+    work = parts.host_work
+    done = CallParts(estimator=parts.estimator, normalization=parts.normalization)
+    seen = InputObservation(done, groups=work.groups, group_size=work.group_size, exemplars=work.exemplars,
+                            bound_factor=work.bound_factor)
+    with statistics_path("cpu"):  # host data, whichever path the call's device took
+        rewards = vectors.get("rewards")
+        seen.rewards = None if rewards is None else torch.from_numpy(rewards)
+        rising = False
+        grouping = _attempt(problems, lambda: _host_groups(work, vectors, seen))
+        if grouping is not None:
+            seen.group_ids, seen.row_keys, rising = grouping
+        functions = vectors.get("function_nonfinite")
+        seen.function_nonfinite = None if functions is None else torch.from_numpy(functions)
+        if work.sample_slices is not None:
+            seen.sample_slices, seen.slice_index = work.sample_slices, work.slices
+            seen.slice_slots = torch.from_numpy(work.sample_slices)
+        if seen.rewards is None:
+            done.groups = group_counts(None, seen.group_ids, work.reward_range)
+        else:
+            pre_norm = _groups_and_pre_norm(seen, work.reward_range, problems, rising)
+            for stage, values in (("rewards", seen.rewards), ("pre_norm", pre_norm)):
+                if not stages.get(stage):  # left for the host (a large batch's rewards, a tap's pre_norm: not)
+                    done.stages[stage] = [_host_part(values)]
+        if seen.segments is not None or seen.slice_slots is not None:
+            try:
+                _group_views(seen, _host_rows(work, vectors, stages))
+            except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
+                problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
+    return done
+
+
+def _host_groups(work: HostWork, vectors: Mapping[str, np.ndarray], seen: InputObservation) -> Grouping | None:
+    """The call's groups on the host: numbered during the call, or now from the vector that crossed."""
+    if work.shipped is None:
+        return work.grouping
+    rows, integer = work.shipped
+    vector = vectors["groups"]
+    if not rows:  # ids name their groups by value: the values, as the caller's tensor held them
+        seen.groups = torch.from_numpy(vector.view(np.int64) if integer else vector)
+    return host_grouping(vector, rows=rows, integer=integer)
+
+
+def _host_part(values: torch.Tensor) -> HostPart:
+    """:func:`~advmon.stats.value_part` of host values, as the record's transfer would leave it."""
+    if values.numel() <= EXACT_LIMIT:  # no torch op for what is NumPy already: the exact part's two arrays
+        return HostPart("exact", (host_float64(values), np.ones(values.shape[0])))
+    return to_host(value_part(values))
+
+
+def _host_rows(work: HostWork, vectors: Mapping[str, np.ndarray],
+               stages: Mapping[str, list[HostPart]]) -> RowSummary | None:
+    """The advantages' row summaries: made here from the post_norm part's values, or crossed, or ``None``."""
+    if work.rows_of_post_norm is not None:
+        values, weights = stages["post_norm"][0].arrays
+        weighted = work.rows_of_post_norm == "weighted"
+        return value_summaries(torch.from_numpy(values), torch.from_numpy(weights) if weighted else None,
+                               sums=work.sample_slices is not None)
+    if "abs_max" not in vectors:
+        return None
+    return RowSummary(*(vectors.get(name) for name in RowSummary._fields))
+
+
 def _add_group_views(seen: InputObservation, advantages: torch.Tensor | None) -> None:
+    """The call's groups against their bound, its worst groups and per-slice sums: more parts of the transfer."""
+    _group_views(seen, _row_summaries(seen, advantages, sums=seen.slice_slots is not None))
+
+
+def _group_views(seen: InputObservation, rows: RowSummary | None) -> None:
     """The call's groups against their bound, its worst groups (and a ``key`` column to name them by) and
-    per-slice sums: more parts of the transfer."""
-    rows = _row_summaries(seen, advantages, sums=seen.slice_slots is not None)
+    per-slice sums, from its group values and the advantages' row summaries (``None``: not known)."""
     parts = seen.parts
     evidence = exemplars = slices = None
     if seen.segments is not None:
@@ -516,6 +748,16 @@ def _add_group_views(seen: InputObservation, advantages: torch.Tensor | None) ->
 def _row_summaries(seen: InputObservation, advantages: torch.Tensor | None, sums: bool) -> RowSummary | None:
     """Per-sample post-norm summaries on the rewards' device, when the advantages describe the call's samples."""
     batch = seen.rewards.shape[0] if seen.rewards is not None else seen.slice_slots.shape[0]
+    rows = _advantage_rows(seen, advantages, sums, batch)
+    device = seen.rewards.device if seen.rewards is not None else seen.slice_slots.device
+    if rows is None or device.type == "cpu":
+        return rows  # tensors on the CPU already, or the CPU path's NumPy arrays
+    return RowSummary(*(None if t is None else to_device(torch.as_tensor(t), device) for t in rows))
+
+
+def _advantage_rows(seen: InputObservation, advantages: torch.Tensor | None, sums: bool,
+                    batch: int) -> RowSummary | None:
+    """Per-sample post-norm summaries on the advantages' device, when they describe the call's ``batch`` samples."""
     if advantages is None or advantages.dim() not in (1, 2) or advantages.shape[0] != batch:
         return None
     mask = seen.mask
@@ -528,10 +770,7 @@ def _row_summaries(seen: InputObservation, advantages: torch.Tensor | None, sums
     else:
         rows = row_summaries(advantages, None if per_sequence or mask is None else to_device(mask, advantages.device),
                              _expand_row_counts(seen, advantages), sums=sums)
-    device = seen.rewards.device if seen.rewards is not None else seen.slice_slots.device
-    if device.type == "cpu":
-        return rows  # tensors on the CPU already, or the CPU path's NumPy arrays
-    return RowSummary(*(None if t is None else to_device(torch.as_tensor(t), device) for t in rows))
+    return rows
 
 
 #: Where :func:`advmon.exemplars.worst_groups` puts each group's first sample.
@@ -563,15 +802,15 @@ def _host_from_extremes(extremes: RowExtremes) -> tuple[RowSummary, np.ndarray]:
 
 
 def _group_keys(seen: InputObservation, first: torch.Tensor) -> tuple[GroupKeys, torch.Tensor]:
-    """How to name the chosen groups, and the numbers that name them (read on the device: no sync)."""
+    """How to name the chosen groups, and the numbers that name them (host data: the drill-down runs on the host)."""
     groups = seen.groups
     if seen.group_size is not None:
         return GroupKeys("blocks", (seen.group_size, seen.rewards.shape[0])), _no_keys(first)
+    if seen.row_keys is not None:
+        return GroupKeys("rows"), seen.row_keys.of(first)  # prompt rows, hashed already when they were grouped
     if isinstance(groups, np.ndarray) and groups.dtype.kind in "biuf":
         groups = torch.from_numpy(groups)
     if isinstance(groups, torch.Tensor):
-        if groups.dim() == 2 and seen.row_keys is not None and seen.row_keys.hashes.device == first.device:
-            return GroupKeys("rows"), seen.row_keys.of(first)  # hashed already, when the rows were grouped
         chosen = to_device(groups.detach(), first.device)[first]
         if chosen.dim() == 2:
             return GroupKeys("rows"), row_keys(chosen)

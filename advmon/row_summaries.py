@@ -26,7 +26,7 @@ import torch
 from advmon.devices import host_float64, sync_free
 from advmon.stats import row_valid_counts
 
-__all__ = ["RowSummary", "row_summaries"]
+__all__ = ["RowSummary", "row_summaries", "value_summaries"]
 
 #: Dense values reduced per row at once, off the CPU (bounds a chunk's temporaries as the sketch does).
 _DEVICE_CHUNK = 1 << 24
@@ -80,6 +80,18 @@ def row_summaries(
             weights = row_valid_counts(mask) if row_counts is None else row_counts
         return _per_value(values[:, 0], weights, sums)
     return _dense(values.reshape(values.shape[0], -1), None if mask is None else mask.reshape(values.shape[0], -1), sums)
+
+
+def value_summaries(values: torch.Tensor, weights: torch.Tensor | None = None, *, sums: bool = False) -> RowSummary:
+    """:func:`row_summaries` of samples that are one value each (``[B]``), counted ``weights`` times where given
+    (an expand view's rows: their valid counts, 0 = not valid).
+
+    Example:
+        >>> rows = value_summaries(torch.tensor([2.0, -3.0, float("nan")]), torch.tensor([4.0, 0.0, 1.0]), sums=True)
+        >>> rows.abs_max.tolist(), rows.nonfinite.tolist(), rows.total.tolist()
+        ([2.0, -inf, -inf], [0.0, 0.0, 1.0], [8.0, 0.0, 0.0])
+    """
+    return _per_value(values.reshape(-1), weights, sums)
 
 
 def _per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bool) -> RowSummary:

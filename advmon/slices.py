@@ -3,10 +3,9 @@
 :class:`SliceIndex` turns labels into slot numbers on the host, a run at a time,
 with bounded cardinality: the first ``max_slices`` distinct labels keep their
 name, later ones are folded into ``other`` and counted. :func:`slice_table` sums
-a call's rewards, groups and advantages per slot on any device, with a fixed
-number of ops (``max_slices + 1`` slots, segments of samples sorted by slot) and
-nothing read back; the ``[slots, len(SLICE_FIELDS)]`` table rides in the
-record's one transfer.
+a call's rewards, groups and advantages per slot in NumPy, on the host: on a
+device the call's ``[B]``-sized vectors (rewards, the advantages' row sums) cross
+in the record's one transfer first (:func:`advmon.observation.finish_on_host`).
 
 Example:
     >>> index = SliceIndex(max_slices=2)
@@ -24,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from advmon.devices import host_float64, sync_free
-from advmon.exemplars import HostSegments, RewardSegments
+from advmon.devices import host_float64
+from advmon.exemplars import HostSegments
 from advmon.row_summaries import RowSummary
 
 __all__ = ["OTHER", "SLICE_FIELDS", "SliceIndex", "slice_name", "slice_table"]
@@ -136,11 +135,11 @@ def slice_table(
     slots: torch.Tensor,
     count: int,
     rewards: torch.Tensor | None,
-    segments: RewardSegments | HostSegments | None,
+    segments: HostSegments | None,
     rows: RowSummary | None,
     function_nonfinite: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A call's sums per slice as a ``[count, len(SLICE_FIELDS)]`` float64 table.
+    """A call's sums per slice as a ``[count, len(SLICE_FIELDS)]`` float64 table, from host data (CPU tensors).
 
     ``slots`` holds each sample's slot in ``[0, count)``; ``rewards`` are
     per sequence; ``segments`` are the call's groups (a group counts in the slice
@@ -154,79 +153,9 @@ def slice_table(
         >>> table[:, SLICE_FIELDS.index("reward_sum")].tolist(), table[:, SLICE_FIELDS.index("reward_nan_count")].tolist()
         ([4.0, 0.0], [0.0, 1.0])
     """
-    if not sync_free(slots):
-        return _host_slice_table(slots, count, rewards, segments, rows, function_nonfinite)
-    device = slots.device
-    order = torch.argsort(slots, stable=True)
-    bounds = torch.searchsorted(slots[order], torch.arange(count + 1, device=device))
-
-    def per_slice(values: torch.Tensor, reduce: str = "sum", initial: float = 0.0) -> torch.Tensor:
-        # unsafe=True skips segment_reduce's argument checks, which read values back to the host.
-        return torch.segment_reduce(values.to(torch.float64)[order], reduce, offsets=bounds, unsafe=True, initial=initial)
-
-    unknown = torch.full((count,), math.nan, dtype=torch.float64, device=device)
-    columns = {"samples": bounds.diff().to(torch.float64)}
-    if rewards is None:
-        columns.update(dict.fromkeys(SLICE_FIELDS[1:5], unknown))
-    else:
-        finite = torch.isfinite(rewards)
-        nan = torch.isnan(rewards)
-        columns.update(
-            reward_finite_count=per_slice(finite),
-            reward_sum=per_slice(rewards.to(torch.float64).masked_fill(~finite, 0.0)),
-            reward_nan_count=per_slice(nan),
-            reward_inf_count=per_slice(~finite & ~nan),
-        )
-    columns["reward_function_nonfinite"] = (
-        torch.zeros(count, dtype=torch.float64, device=device) if function_nonfinite is None
-        else per_slice(function_nonfinite)
-    )
-    if segments is None:
-        columns.update(groups_comparable=unknown, groups_zero_std=unknown)
-    else:
-        columns.update(_group_columns(slots, count, segments))
-    if rows is None or rows.total is None:
-        columns.update(advantage_count=unknown, advantage_sum=unknown, advantage_abs_max=unknown)
-    else:
-        peak = per_slice(rows.abs_max, "max", -math.inf)
-        columns.update(
-            advantage_count=per_slice(rows.count),
-            advantage_sum=per_slice(rows.total),
-            advantage_abs_max=peak.masked_fill(peak == -math.inf, math.nan),
-        )
-    return torch.stack([columns[name] for name in SLICE_FIELDS], dim=1)
-
-
-def _group_columns(slots: torch.Tensor, count: int, segments: RewardSegments) -> dict[str, torch.Tensor]:
-    """Comparable and zero-std groups per slice; empty group slots go to an extra slice that is dropped."""
-    last = max(segments.order.shape[0] - 1, 0)
-    first = segments.order[segments.bounds[:-1].clamp(max=last)]
-    group_slice = slots[first].masked_fill(segments.size == 0, count)
-    order = torch.argsort(group_slice, stable=True)
-    bounds = torch.searchsorted(group_slice[order], torch.arange(count + 2, device=slots.device))
-    comparable = segments.finite >= 2
-    zero_std = comparable & (segments.min == segments.max)
-
-    def per_slice(values: torch.Tensor) -> torch.Tensor:
-        return torch.segment_reduce(values.to(torch.float64)[order], "sum", offsets=bounds, unsafe=True, initial=0.0)[:count]
-
-    return {"groups_comparable": per_slice(comparable), "groups_zero_std": per_slice(zero_std)}
-
-
-def _host_slice_table(
-    slots: torch.Tensor,
-    count: int,
-    rewards: torch.Tensor | None,
-    segments: HostSegments | None,
-    rows: RowSummary | None,
-    function_nonfinite: torch.Tensor | None,
-) -> torch.Tensor:
-    """:func:`slice_table` in NumPy on the CPU (torch's per-op overhead outweighs a few thousand samples).
-
-    The table is filled in place, column by column, with as few NumPy calls as the common
-    case allows (no NaN or Inf reward: the finite count is the sample count): each costs
-    several microseconds once the mask's pass has emptied the caches.
-    """
+    # The table is filled in place, column by column, with as few NumPy calls as the common case allows (no
+    # NaN or Inf reward: the finite count is the sample count): each costs several microseconds once the
+    # mask's pass has emptied the caches; torch's per-op overhead would outweigh a few thousand samples.
     slot = slots.numpy()
     table = np.empty((count, len(SLICE_FIELDS)))
     column = _SLICE_COLUMN

@@ -32,7 +32,6 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 import advmon  # noqa: E402
-import advmon.triton_groups  # noqa: E402
 import advmon.triton_sketch  # noqa: E402
 from advmon import assembly, stats  # noqa: E402
 from advmon.devices import statistics_path  # noqa: E402
@@ -40,7 +39,7 @@ from advmon.observation import observe_call, tensor_part  # noqa: E402
 from tests.dispatch import Dispatched  # noqa: E402
 from tests.test_device_paths import grpo_inputs  # noqa: E402
 
-LAUNCHES = {"triton_part": 4, "triton_group_statistics": 2}
+LAUNCHES = {"triton_part": 4}
 # The interpreter computes masked-out lanes too (inf - inf) with NumPy.
 warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
 
@@ -50,7 +49,7 @@ class TritonLaunches:
 
     def __init__(self) -> None:
         self.launched = 0
-        for module in (advmon.triton_sketch, advmon.triton_groups):
+        for module in (advmon.triton_sketch,):
             for name, kernels in LAUNCHES.items():
                 if hasattr(module, name):
                     setattr(module, name, self._counted(getattr(module, name), kernels))

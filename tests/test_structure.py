@@ -83,7 +83,7 @@ def test_the_import_graph_has_no_circles():
 def test_the_layers_point_down():
     graph = import_graph()
     maths = ("advmon.stats", "advmon.groups", "advmon.prefix_sketch", "advmon.sketch_format", "advmon.devices",
-             "advmon.device_sketch", "advmon.triton_sketch", "advmon.triton_groups",
+             "advmon.device_sketch", "advmon.triton_sketch",
              "advmon.exemplars", "advmon.group_bounds", "advmon.row_summaries", "advmon.slices", "advmon.histograms")
     for module in maths:
         assert not {m for m in graph[module] if m not in maths}, module
