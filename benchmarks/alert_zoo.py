@@ -1,6 +1,6 @@
 """The estimator zoo's table (docs/alerts.md): every real estimator, healthy at every reward scale and broken.
 
-For each estimator of verl, TRL and NeMo-RL (tests/zoo.py): the normalization advmon
+For each estimator of verl, TRL, SkyRL, AReaL, OpenRLHF and NeMo-RL (tests/zoo.py): the normalization advmon
 records for it, the false alarms (warning or critical) of its healthy runs, how close
 they came to the bound alert (worst ``advantages/bound_ratio``), and for each fault in
 how many steps after its onset an alert flagged it.

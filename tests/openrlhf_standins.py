@@ -8,6 +8,11 @@ wheel pins a CUDA build of torch. Everything else OpenRLHF imports is the real p
 load time, and every one of them raises when used: the advantage code never touches them, so a
 test that passes shows that OpenRLHF's own functions ran without them. A real flash-attn or
 vLLM, where installed, wins.
+
+Use :func:`importing` around the imports of OpenRLHF's modules: the stand-ins leave
+``sys.modules`` afterwards, so other code in the same process (TRL asks whether vLLM is
+installed) never mistakes them for the real packages. OpenRLHF's modules keep the names
+they imported.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 #: module -> the names OpenRLHF 0.11.2 imports from it at load time.
 NAMES = {
@@ -60,3 +67,19 @@ def install() -> list[str]:
             sys.modules[module] = stand_in
             placed.append(module)
     return placed
+
+
+@contextmanager
+def importing() -> Iterator[list[str]]:
+    """The stand-ins in ``sys.modules`` while OpenRLHF's modules are imported, and gone afterwards.
+
+    Example:
+        >>> with importing():
+        ...     from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  # doctest: +SKIP
+    """
+    placed = install()
+    try:
+        yield placed
+    finally:
+        for module in placed:
+            sys.modules.pop(module, None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,11 +22,11 @@ from tests.services import require_module
 
 require_module("openrlhf")  # in CI a missing OpenRLHF fails, never skips
 require_module("deepspeed")
-STAND_INS = openrlhf_standins.install()
-from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
-from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  # noqa: E402
-from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController  # noqa: E402
-from openrlhf.utils.config import hierarchize  # noqa: E402
+with openrlhf_standins.importing() as STAND_INS:  # gone from sys.modules after: TRL looks for a real vLLM
+    from openrlhf.trainer.ppo_utils.experience import Experience
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+    from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+    from openrlhf.utils.config import hierarchize
 
 import advmon.integrations.openrlhf as advmon_openrlhf  # noqa: E402
 
@@ -204,6 +205,7 @@ def test_only_the_gpu_only_packages_are_stand_ins():
     import openrlhf.models.ring_attn_utils as ring
 
     assert set(STAND_INS) <= set(openrlhf_standins.NAMES)
+    assert not set(STAND_INS) & set(sys.modules)  # used only while OpenRLHF's modules were imported
     assert not getattr(deepspeed, "__spec__", None) is None and deepspeed.__file__  # the real deepspeed
     if "flash_attn" in STAND_INS:  # never called by the advantage step: each stand-in raises when used
         with pytest.raises(openrlhf_standins.GPUOnly):

@@ -9,6 +9,11 @@ own integration, and the alerts the in-process evaluator raises on its records:
 * **TRL**: ``GRPOTrainer._generate_and_score_completions`` (generation by a tiny Llama,
   the rewards and advantages TRL's own) with ``scale_rewards`` group / batch / none and
   ``multi_objective_aggregation`` normalize_then_sum, through ``AdvmonGRPOMixin``;
+* **SkyRL 0.3.0**: every estimator of its registry (GRPO both ways, RLOO, REINFORCE++, GAE,
+  MaxRL) through its own ``compute_advantages_and_returns``;
+* **AReaL 1.0.4**: ``PPOActor._compute_advantages`` with AReaL's example configurations;
+* **OpenRLHF 0.11.2**: ``RemoteExperienceMaker.compute_advantages_and_returns`` for each
+  ``--algo.advantage.estimator`` (flash-attn and vLLM stand-ins: tests/openrlhf_standins.py);
 * **NeMo-RL**: its six estimator classes with their flags, through
   :func:`advmon.integrations.nemo_rl.instrument`. NeMo-RL is not on PyPI, and its code
   is not committed here: with ``ADVMON_NEMO_RL`` naming a checkout of
@@ -222,7 +227,7 @@ class Estimator:
     """How to run one zoo estimator: its framework's runner, its declared kind and whether it takes components."""
 
     framework: str
-    kind: str  #: the normalization advmon should record for it
+    kind: str | None  #: the normalization advmon should record for it (None: none declared, inferred from the data)
     run: Callable[[Case, advmon.Monitor], None]
     components: int = 1
     std_normalized: bool = False
@@ -424,6 +429,186 @@ def _run_nemo(name: str, case: Case, monitor: advmon.Monitor, flags: dict[str, A
                 estimator.compute_advantage(prompt_ids, rewards, mask)
 
 
+def _skyrl(name: str, **flags: Any) -> Callable[[Case, advmon.Monitor], None]:
+    def run(case: Case, monitor: advmon.Monitor) -> None:
+        _run_skyrl(name, case, monitor, flags)
+
+    return run
+
+
+def _run_skyrl(name: str, case: Case, monitor: advmon.Monitor, flags: dict[str, Any]) -> None:
+    """SkyRL 0.3.0's own ``compute_advantages_and_returns``, as its trainer calls it, instrumented by advmon."""
+    import advmon.integrations.skyrl as advmon_skyrl
+
+    ppo_utils = advmon_skyrl.load_ppo_utils()
+    registry = ppo_utils.AdvantageEstimatorRegistry
+    original = registry._functions[name]
+    current = {"step": 0}
+
+    @functools.wraps(original)  # advmon reads the arguments by the estimator's own names
+    def faulty(*args, **kwargs):
+        advantages, returns = original(*args, **kwargs)
+        return break_advantages(case, current["step"], advantages), returns
+
+    if case.fault in ("x100", "cancelled_std"):  # the estimator itself is broken: advmon watches what SkyRL calls
+        registry._functions[name] = faulty
+    advmon_skyrl.instrument(monitor)
+    policy = Policy(case)
+    try:
+        for step in range(case.steps):
+            batch = policy.rollouts(step)
+            current["step"] = step
+            mask = batch.mask
+            rewards = np.zeros(mask.shape, np.float32)
+            rewards[np.arange(batch.size), batch.lengths - 1] = batch.rewards  # the outcome on the last token
+            with monitor.step(step):
+                ppo_utils.compute_advantages_and_returns(
+                    token_level_rewards=torch.from_numpy(rewards), response_mask=torch.from_numpy(mask),
+                    index=[f"prompt-{p}" for p in batch.prompt], adv_estimator=name, config=None,
+                    values=torch.from_numpy(batch.values), gamma=1.0, lambd=0.95,
+                    grpo_norm_by_std=flags.get("grpo_norm_by_std", True))
+    finally:
+        advmon_skyrl.uninstrument()
+        registry._functions[name] = original
+
+
+#: AReaL's example configurations (examples/math/gsm8k_*.yaml), the reward clip raised out of the way of the
+#: zoo's reward scales (AReaL's default clips scaled rewards at 20: a run at scale 100 sets its own).
+def _areal_configs() -> dict[str, dict[str, Any]]:
+    from areal.api.cli_args import NormConfig
+
+    def group(**levels: Any) -> Any:
+        return NormConfig(group_size=8, **levels)  # replaced by the case's group size
+
+    whiten = dict(adv_norm=NormConfig(mean_level="batch", std_level="batch"))
+    return {
+        "grpo": dict(kl_ctl=0.0, reward_norm=group(mean_level="group", std_level="group"), **whiten),
+        "drgrpo": dict(kl_ctl=0.0, reward_norm=group(mean_level="group", std_level=None), **whiten),
+        "rloo": dict(kl_ctl=0.0, reward_norm=group(mean_level="group", mean_leave1out=True, std_level=None), **whiten),
+        "reinforce": dict(kl_ctl=0.001, **whiten),
+        "ppo": dict(kl_ctl=0.0, **whiten),
+        "grpo_no_adv_norm": dict(kl_ctl=0.0, reward_norm=group(mean_level="group", std_level="group")),
+    }
+
+
+def _areal(name: str) -> Callable[[Case, advmon.Monitor], None]:
+    def run(case: Case, monitor: advmon.Monitor) -> None:
+        _run_areal(name, case, monitor)
+
+    return run
+
+
+def _run_areal(name: str, case: Case, monitor: advmon.Monitor) -> None:
+    """AReaL 1.0.4's own ``PPOActor._compute_advantages`` on the batch its trainer hands over, instrumented."""
+    import dataclasses
+
+    from areal.api.cli_args import PPOActorConfig
+    from areal.trainer.ppo.actor import PPOActor
+
+    import advmon.integrations.areal as advmon_areal
+
+    settings = _areal_configs()[name]
+    if settings.get("reward_norm") is not None:
+        settings["reward_norm"] = dataclasses.replace(settings["reward_norm"], group_size=case.group)
+    config = PPOActorConfig(experiment_name="zoo", trial_name=case.name, reward_scaling=10.0, reward_bias=-0.5,
+                            reward_clip=1e9, **settings)
+    original = PPOActor.__dict__["_compute_advantages"]
+    current = {"step": 0}
+
+    @functools.wraps(original)
+    def faulty(self, data):
+        out = original(self, data)
+        out["advantages"] = break_advantages(case, current["step"], out["advantages"])
+        return out
+
+    if case.fault in ("x100", "cancelled_std"):  # the step itself is broken: advmon watches what AReaL calls
+        PPOActor._compute_advantages = faulty
+    advmon_areal.instrument(monitor, group_size=case.group)
+    policy, prompt = Policy(case), 3
+    try:
+        actor = PPOActor(config, engine=None)
+        for step in range(case.steps):
+            batch = policy.rollouts(step)
+            current["step"] = step
+            length = prompt + batch.width
+            attention = (np.arange(length)[None, :] < (prompt + batch.lengths)[:, None]).astype(np.int64)
+            loss_mask = ((np.arange(length)[None, :] >= prompt) & (attention > 0)).astype(np.int64)
+            rng = np.random.default_rng(step)
+            data = {"input_ids": torch.ones(batch.size, length, dtype=torch.long),
+                    "attention_mask": torch.from_numpy(attention), "loss_mask": torch.from_numpy(loss_mask),
+                    "logprobs": torch.from_numpy(rng.normal(-1.0, 0.3, (batch.size, length)).astype(np.float32)),
+                    "ref_logp": torch.from_numpy(rng.normal(-1.0, 0.3, (batch.size, length)).astype(np.float32)),
+                    "rewards": torch.from_numpy(batch.rewards.astype(np.float32))}
+            if name == "ppo":  # a critic's values over the whole sequence
+                values = np.zeros((batch.size, length), np.float32)
+                values[:, prompt:] = batch.values
+                data["values"] = torch.from_numpy(values)
+            with monitor.step(step):
+                actor._compute_advantages(data)
+    finally:
+        advmon_areal.uninstrument()
+        PPOActor._compute_advantages = original
+
+
+def _openrlhf(name: str) -> Callable[[Case, advmon.Monitor], None]:
+    def run(case: Case, monitor: advmon.Monitor) -> None:
+        _run_openrlhf(name, case, monitor)
+
+    return run
+
+
+def _run_openrlhf(name: str, case: Case, monitor: advmon.Monitor) -> None:
+    """OpenRLHF 0.11.2's own ``compute_advantages_and_returns`` over a step's micro-batches, instrumented
+    (flash-attn and vLLM, which its module imports, are tests/openrlhf_standins.py's)."""
+    import argparse
+    from types import SimpleNamespace
+
+    from tests import openrlhf_standins
+
+    with openrlhf_standins.importing():  # gone from sys.modules after: TRL looks for a real vLLM
+        from openrlhf.trainer.ppo_utils.experience import Experience
+        from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+        from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+        from openrlhf.utils.config import hierarchize
+
+    import advmon.integrations.openrlhf as advmon_openrlhf
+
+    flat = {"rollout.n_samples_per_prompt": case.group, "algo.advantage.estimator": name,
+            "algo.advantage.gamma": 1.0, "algo.advantage.lambd": 0.95, "algo.advantage.no_std_norm": False,
+            "algo.kl.init_coef": 0.0, "reward.clip_range": (-1e9, 1e9), "reward.overlong_buffer_len": None,
+            "reward.overlong_penalty_factor": 1, "reward.stop_properly_penalty_coef": None}
+    args = hierarchize(argparse.Namespace(**flat))
+    maker = RemoteExperienceMaker(None, None, None, None, FixedKLController(0.0), SimpleNamespace(args=args),
+                                  tokenizer=None)
+    original = RemoteExperienceMaker.__dict__["compute_advantages_and_returns"]
+    current = {"step": 0}
+
+    @functools.wraps(original)
+    def faulty(self, experiences, **kwargs):
+        out = original(self, experiences, **kwargs)
+        for experience in experiences:  # one micro-batch in prompt order: the whole batch
+            experience.advantages = break_advantages(case, current["step"], experience.advantages)
+        return out
+
+    if case.fault in ("x100", "cancelled_std"):
+        RemoteExperienceMaker.compute_advantages_and_returns = faulty
+    advmon_openrlhf.instrument(monitor)
+    policy = Policy(case)
+    try:
+        for step in range(case.steps):
+            batch = policy.rollouts(step)
+            current["step"] = step
+            mask = torch.from_numpy(batch.mask > 0)
+            experience = Experience(action_mask=mask, rewards=torch.from_numpy(batch.rewards.astype(np.float32)),
+                                    kl=torch.zeros(mask.shape), values=torch.from_numpy(batch.values),
+                                    index=list(range(batch.size)), info={})
+            with monitor.step(step):
+                maker.compute_advantages_and_returns([experience])
+    finally:
+        advmon_openrlhf.uninstrument()
+        RemoteExperienceMaker.compute_advantages_and_returns = original
+
+
 def _estimators() -> dict[str, Estimator]:
     verl_kinds = {
         "gae": "batch", "grpo": "group_std", "grpo_vectorized": "group_std", "grpo_passk": "group_std",
@@ -462,7 +647,26 @@ def _estimators() -> dict[str, Estimator]:
         "nemo/GAE(normalize_advantages=True)": Estimator(
             "nemo", "batch", _nemo("GeneralizedAdvantageEstimator", normalize_advantages=True)),
     })
+    skyrl_kinds = {"grpo": "group_std", "rloo": "group_mean", "reinforce++": "batch", "gae": "batch"}
+    zoo.update({f"skyrl/{name}": Estimator("skyrl", kind, _skyrl(name), std_normalized=kind == "group_std")
+                for name, kind in skyrl_kinds.items()})
+    # MaxRL divides by the group's mean: no kind states its bound, advmon infers one from the data.
+    zoo["skyrl/maxrl"] = Estimator("skyrl", None, _skyrl("maxrl"))
+    zoo["skyrl/grpo(grpo_norm_by_std=False)"] = Estimator("skyrl", "group_mean", _skyrl("grpo", grpo_norm_by_std=False))
+    areal_kinds = {"grpo": "batch", "drgrpo": "batch", "rloo": "batch", "reinforce": "batch", "ppo": "batch",
+                   "grpo_no_adv_norm": "group_std"}
+    zoo.update({f"areal/{name}": Estimator("areal", kind, _areal(name), std_normalized=kind == "group_std")
+                for name, kind in areal_kinds.items()})
+    zoo.update({f"openrlhf/{name}": Estimator("openrlhf", kind, _openrlhf(name), std_normalized=kind == "group_std")
+                for name, kind in advmon_openrlhf_kinds().items()})
     return zoo
+
+
+def advmon_openrlhf_kinds() -> dict[str, str]:
+    """OpenRLHF's estimators and their kinds, from advmon's own table (importing it needs no OpenRLHF)."""
+    import advmon.integrations.openrlhf as advmon_openrlhf
+
+    return dict(advmon_openrlhf.NORMALIZATION)
 
 
 ESTIMATORS = _estimators()
