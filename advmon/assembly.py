@@ -20,16 +20,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from advmon.devices import host_float64
 from advmon.exemplars import FIELDS as EXEMPLAR_FIELDS
 from advmon.exemplars import NOT_CHOSEN, REASONS
 from advmon.group_bounds import merge_evidence
 from advmon.groups import GROUP_COUNT_FIELDS, merge_group_counts
 from advmon.histograms import Histogram
 from advmon.normalization import Verdict, judge
-from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem, finish_on_host
+from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem, finish_on_host, lost_on_host
 from advmon.record import REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
 from advmon.slices import SLICE_FIELDS
-from advmon.devices import host_float64
 from advmon.stats import HostPart, pack, summarize, summarize_with_histogram
 
 __all__ = [
@@ -133,8 +133,7 @@ def collect(calls: Sequence[CallParts], problems: list[Problem] | None = None) -
             try:
                 done = finish_on_host(call, crossed, stages, problems)
             except Exception as exc:  # noqa: BLE001 - the step's record is still made, with what was known
-                problems.append(Problem("internal", f"a device call's groups, exemplars and slices were lost: "
-                                                    f"{type(exc).__name__}: {exc}"))
+                problems.append(lost_on_host(exc))
         _add_call(step, call, stages, own_arrays, done)
     return step
 

@@ -51,6 +51,7 @@ __all__ = [
     "advantages_of",
     "estimator_metrics_of",
     "finish_on_host",
+    "lost_on_host",
     "InputObservation",
     "observe_call",
     "observe_inputs",
@@ -655,28 +656,44 @@ def finish_on_host(parts: CallParts, vectors: Mapping[str, np.ndarray], stages: 
     with statistics_path("cpu"):  # host data, whichever path the call's device took
         rewards = vectors.get("rewards")
         seen.rewards = None if rewards is None else torch.from_numpy(rewards)
-        rising = False
-        grouping = _attempt(problems, lambda: _host_groups(work, vectors, seen))
-        if grouping is not None:
-            seen.group_ids, seen.row_keys, rising = grouping
-        functions = vectors.get("function_nonfinite")
-        seen.function_nonfinite = None if functions is None else torch.from_numpy(functions)
-        if work.sample_slices is not None:
-            seen.sample_slices, seen.slice_index = work.sample_slices, work.slices
-            seen.slice_slots = torch.from_numpy(work.sample_slices)
-        if seen.rewards is None:
-            done.groups = group_counts(None, seen.group_ids, work.reward_range)
-        else:
-            pre_norm = _groups_and_pre_norm(seen, work.reward_range, problems, rising)
-            for stage, values in (("rewards", seen.rewards), ("pre_norm", pre_norm)):
-                if not stages.get(stage):  # left for the host (a large batch's rewards, a tap's pre_norm: not)
-                    done.stages[stage] = [_host_part(values)]
-        if seen.segments is not None or seen.slice_slots is not None:
-            try:
-                _group_views(seen, _host_rows(work, vectors, stages))
-            except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
-                problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
+        if seen.rewards is not None and not stages.get("rewards"):  # left for the host (not a large batch's)
+            done.stages["rewards"] = [_host_part(seen.rewards)]
+        try:
+            _finish_groups(seen, work, vectors, stages, problems)
+        except Exception as exc:  # noqa: BLE001 - the record keeps the call's other statistics
+            problems.append(lost_on_host(exc))
     return done
+
+
+def lost_on_host(exc: BaseException) -> Problem:
+    """The problem of a device call whose host half failed."""
+    return Problem("internal", f"a device call's groups, exemplars and slices were lost: {type(exc).__name__}: {exc}")
+
+
+def _finish_groups(seen: InputObservation, work: HostWork, vectors: Mapping[str, np.ndarray],
+                   stages: Mapping[str, list[HostPart]], problems: list[Problem]) -> None:
+    """:func:`finish_on_host` from the groups on: counts, derived pre_norm, bounds, worst groups, slices."""
+    done = seen.parts
+    rising = False
+    grouping = _attempt(problems, lambda: _host_groups(work, vectors, seen))
+    if grouping is not None:
+        seen.group_ids, seen.row_keys, rising = grouping
+    functions = vectors.get("function_nonfinite")
+    seen.function_nonfinite = None if functions is None else torch.from_numpy(functions)
+    if work.sample_slices is not None:
+        seen.sample_slices, seen.slice_index = work.sample_slices, work.slices
+        seen.slice_slots = torch.from_numpy(work.sample_slices)
+    if seen.rewards is None:
+        done.groups = group_counts(None, seen.group_ids, work.reward_range)
+    else:
+        pre_norm = _groups_and_pre_norm(seen, work.reward_range, problems, rising)
+        if not stages.get("pre_norm"):  # derived here (a tap's would have replaced it)
+            done.stages["pre_norm"] = [_host_part(pre_norm)]
+    if seen.segments is not None or seen.slice_slots is not None:
+        try:
+            _group_views(seen, _host_rows(work, vectors, stages))
+        except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
+            problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
 
 
 def _host_groups(work: HostWork, vectors: Mapping[str, np.ndarray], seen: InputObservation) -> Grouping | None:

@@ -125,8 +125,9 @@ def test_a_steps_calls_are_merged_and_cut_to_k(sink):
     assert_same_worst(got, worst_groups(both.numpy(), keys, advantages.numpy()), 3, lambda e: e["key"])
 
 
+@pytest.mark.parametrize("path", ["cpu", "torch"])  # during the call; on the host after the transfer
 @pytest.mark.parametrize("where", ["reward_segments", "worst_groups"])  # before and after the estimator runs
-def test_a_failure_in_the_exemplars_keeps_the_statistics(where, sink, monkeypatch):
+def test_a_failure_in_the_exemplars_keeps_the_statistics(where, path, sink, monkeypatch):
     import advmon.observation
 
     def broken(*args, **kwargs):
@@ -136,7 +137,7 @@ def test_a_failure_in_the_exemplars_keeps_the_statistics(where, sink, monkeypatc
     rewards, mask = batch(8)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with advmon.Monitor("broken", sinks=[sink]) as monitor:
+        with advmon.Monitor("broken", sinks=[sink]) as monitor, statistics_path(path):
             monitor.observe(rewards=rewards, advantages=grpo(rewards, mask, 4), group_size=4)
     record = sink.records[-1]
     assert record.exemplars == [] and record.metrics["rewards/nan_count"] == 1.0
