@@ -106,9 +106,9 @@ class HostWork:
     """A device call's ``[B]``-sized work, done on the host by the CPU path's NumPy code (:func:`finish_on_host`).
 
     ``vectors`` are what the device computed for it, ``[B]`` each, that travel in the
-    record's one transfer: ``rewards`` (a float64 copy), ``groups`` (the groups'
-    :func:`~advmon.groups.device_group_vector`), ``function_nonfinite`` (the reward
-    functions' NaN and Inf scores per sample) and the advantages' row summaries
+    record's one transfer: ``rewards`` (a float64 copy), ``function <i>`` (each reward
+    function's, a float64 copy), ``groups`` (the groups'
+    :func:`~advmon.groups.device_group_vector`) and the advantages' row summaries
     (``abs_max``, ``nonfinite``, and ``total`` and ``count`` for slices). The rest is
     host data taken during the call.
     """
@@ -116,6 +116,8 @@ class HostWork:
     batch: int
     reward_range: tuple[float, float] | None
     vectors: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: Each reward function's stage and the name of its values among ``vectors``.
+    functions: list[tuple[str, str]] = field(default_factory=list)
     #: Groups numbered during the call (blocks of ``group_size``, a sequence of items); ``None``: see ``shipped``.
     grouping: Grouping | None = None
     #: Of the ``groups`` vector, if one travels: (made of prompt rows, of integer ids).
@@ -370,23 +372,24 @@ def observe_inputs(
                             group_size=group_size, exemplars=exemplars, bound_factor=bound_factor)
     seen.mask = _attempt(problems, lambda: as_tensor(mask, "mask"))
     seen.mask_unusable = mask is not None and seen.mask is None  # said already: no statistic from it
-    functions = []
+    functions: list[tuple[str, torch.Tensor]] = []  #: each reward function's stage and values
     for name, values in (reward_functions or {}).items():
         function = _attempt(problems, lambda values=values: as_tensor(values, "reward function values"))
         if function is not None:
-            seen.parts.stages[f"rewards/{slice_name(name)}"] = [value_part(function.reshape(-1))]
-            functions.append(function.reshape(-1))
+            functions.append((f"rewards/{slice_name(name)}", function.reshape(-1)))
     if rewards is not None or rewards_expected:
         seen.rewards = _attempt(problems, lambda: _rewards(rewards, seen.mask))
     if slices is not None and slice_index is not None:
         seen.pending_slices = (slices, slice_index)
+    parts = seen.parts
+    # On a device the host makes [B]-sized exact parts from the float64 copies that cross for the call's
+    # host half (rewards, reward functions): an empty stage is one :func:`finish_on_host` fills.
+    on_device = seen.rewards is not None and sync_free(seen.rewards)
+    for stage, values in functions:
+        parts.stages[stage] = [] if on_device and values.numel() <= EXACT_LIMIT else [value_part(values)]
     if seen.rewards is None:
         return seen  # slices, if any, are taken with the advantages' batch
-    parts = seen.parts
-    on_device = sync_free(seen.rewards) and seen.rewards.numel() <= EXACT_LIMIT
-    # On a device the host makes the exact part from the float64 copy below, which crosses anyway: an empty
-    # stage is one :func:`finish_on_host` fills.
-    parts.stages["rewards"] = [] if on_device else [value_part(seen.rewards)]
+    parts.stages["rewards"] = [] if on_device and seen.rewards.numel() <= EXACT_LIMIT else [value_part(seen.rewards)]
     # Every consumer below (group values, worst groups, slices) works in float64: converted once here, into
     # a copy of its own (the slices read it after the estimator, which may change its input in place).
     seen.rewards = seen.rewards.to(torch.float64, copy=True)
@@ -400,7 +403,7 @@ def observe_inputs(
         seen.group_ids, seen.row_keys, rising = grouped
     if seen.pending_slices is not None:
         _attempt(problems, lambda: _slice_slots(seen, batch, seen.rewards.device))
-    seen.function_nonfinite = _function_nonfinite(functions, seen.rewards)
+    seen.function_nonfinite = _function_nonfinite([values for _, values in functions], seen.rewards)
     pre_norm = _groups_and_pre_norm(seen, reward_range, problems, rising)
     parts.stages["pre_norm"] = [value_part(pre_norm)]
     parts.pre_norm_source = "derived"
@@ -421,7 +424,7 @@ def _groups_and_pre_norm(seen: InputObservation, reward_range: tuple[float, floa
 
 
 def _defer_to_host(seen: InputObservation, batch: int, reward_range: tuple[float, float] | None,
-                   problems: list[Problem], functions: list[torch.Tensor]) -> None:
+                   problems: list[Problem], functions: list[tuple[str, torch.Tensor]]) -> None:
     """:func:`observe_inputs` on a device: the ``[B]`` vectors the host finishes the call from (:class:`HostWork`).
 
     The derived pre_norm keeps its place among the stages, empty until :func:`finish_on_host` fills it.
@@ -429,12 +432,12 @@ def _defer_to_host(seen: InputObservation, batch: int, reward_range: tuple[float
     parts = seen.parts
     work = parts.host_work = _host_work(seen, batch, reward_range)
     work.vectors["rewards"] = seen.rewards
+    for index, (stage, values) in enumerate(functions):  # a copy: the estimator may change its inputs in place
+        work.functions.append((stage, f"function {index}"))
+        work.vectors[f"function {index}"] = values.to(torch.float64, copy=True)
     _attempt(problems, lambda: _plan_grouping(seen, work, seen.rewards.device))
     if seen.pending_slices is not None:
         _attempt(problems, lambda: _slice_slots(seen, batch, None))
-    seen.function_nonfinite = _function_nonfinite(functions, seen.rewards)
-    if seen.function_nonfinite is not None:
-        work.vectors["function_nonfinite"] = seen.function_nonfinite
     parts.stages["pre_norm"] = []
     parts.pre_norm_source = "derived"
 
@@ -468,6 +471,17 @@ def _shared_groups(seen: InputObservation) -> HostGroups | None:
     if isinstance(seen.segments, HostSegments):
         return seen.segments.groups
     return None  # elsewhere the group statistics keep their own kernels (Triton where it runs)
+
+
+def _host_function_nonfinite(functions: list[np.ndarray], batch: int) -> np.ndarray | None:
+    """:func:`_function_nonfinite` of the float64 values that crossed, in NumPy (the same sums, in the same order)."""
+    counts = None
+    for values in functions:
+        if values.shape[0] != batch:
+            continue
+        bad = (~np.isfinite(values)).astype(np.float64)
+        counts = bad if counts is None else counts + bad
+    return counts
 
 
 def _function_nonfinite(functions: list[torch.Tensor], rewards: torch.Tensor) -> torch.Tensor | None:
@@ -656,8 +670,12 @@ def finish_on_host(parts: CallParts, vectors: Mapping[str, np.ndarray], stages: 
     with statistics_path("cpu"):  # host data, whichever path the call's device took
         rewards = vectors.get("rewards")
         seen.rewards = None if rewards is None else torch.from_numpy(rewards)
-        if seen.rewards is not None and not stages.get("rewards"):  # left for the host (not a large batch's)
-            done.stages["rewards"] = [_host_part(seen.rewards)]
+        made_here = [(stage, vectors[key]) for stage, key in work.functions]
+        if seen.rewards is not None:
+            made_here.append(("rewards", rewards))
+        for stage, values in made_here:
+            if not stages.get(stage):  # left for the host (a large batch's parts are sketched on the device)
+                done.stages[stage] = [_host_part(torch.from_numpy(values))]
         try:
             _finish_groups(seen, work, vectors, stages, problems)
         except Exception as exc:  # noqa: BLE001 - the record keeps the call's other statistics
@@ -678,7 +696,7 @@ def _finish_groups(seen: InputObservation, work: HostWork, vectors: Mapping[str,
     grouping = _attempt(problems, lambda: _host_groups(work, vectors, seen))
     if grouping is not None:
         seen.group_ids, seen.row_keys, rising = grouping
-    functions = vectors.get("function_nonfinite")
+    functions = _host_function_nonfinite([vectors[key] for _, key in work.functions], work.batch)
     seen.function_nonfinite = None if functions is None else torch.from_numpy(functions)
     if work.sample_slices is not None:
         seen.sample_slices, seen.slice_index = work.sample_slices, work.slices

@@ -426,3 +426,20 @@ def test_a_failing_host_half_is_one_problem_and_the_record_keeps_its_statistics(
     assert errors == 1 and exemplars == [] and metrics["rewards/count"] == 24.0
     assert metrics["advantages/post_norm/count"] == 24.0
     assert any("lost: RuntimeError: boom" in str(w.message) for w in caught)
+
+
+def test_reward_functions_and_slices_cost_a_device_one_copy_per_function(sink):
+    """Their statistics, non-finite counts and the slices' sums are the host's: a float64 copy of each crosses."""
+    prompts, rewards, mask = grpo_inputs(16, 8, 64)
+    advantages = rewards.unsqueeze(-1).expand(mask.shape)
+    functions = {"format": np.random.default_rng(1).random(128), "judge": torch.rand(128, dtype=torch.float64)}
+    call = dict(rewards=rewards, advantages=advantages, mask=mask, groups=prompts, reward_functions=functions,
+                slices=["gsm8k" if i % 3 else "math" for i in range(128)])
+    with advmon.Monitor("functions", sinks=[sink]) as monitor, statistics_path("torch"):
+        monitor.observe(**call)  # the row hash's column weights, once per shape
+        with Dispatched() as seen:
+            monitor.observe(**call)
+        assert monitor.internal_errors == 0
+    assert not seen.syncs, seen.syncs
+    assert len(seen.kernels) == WHOLE_CALL_KERNELS["expand-view"] + len(functions), seen.kernels
+    assert sink.records[-1].metrics["slices/math/rewards/count"] == 43.0
