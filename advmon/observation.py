@@ -109,8 +109,9 @@ class HostWork:
     record's one transfer: ``rewards`` (a float64 copy), ``function <i>`` (each reward
     function's, a float64 copy), ``groups`` (the groups'
     :func:`~advmon.groups.device_group_vector`) and the advantages' row summaries
-    (``abs_max``, ``nonfinite``, and ``total`` and ``count`` for slices). The rest is
-    host data taken during the call.
+    (dense rows: ``abs_max``, ``nonfinite``, and ``total`` and ``count`` for slices; one
+    value a row: ``row values`` and an expand view's ``row weights``, unless the
+    post_norm part holds them). The rest is host data taken during the call.
     """
 
     batch: int
@@ -131,6 +132,8 @@ class HostWork:
     #: The row summaries come from the post_norm stage's exact part: ``"values"`` (one value a sample) or
     #: ``"weighted"`` (an expand view's rows, weighted by their valid counts); ``None``: from ``vectors``.
     rows_of_post_norm: str | None = None
+    #: An expand view's width, where its rows' values cross without a mask (each counts at every position).
+    row_width: int | None = None
 
 
 @dataclass(frozen=True)
@@ -640,8 +643,11 @@ def _defer_outputs_to_host(seen: InputObservation, work: HostWork, advantages: t
         return
     per_sequence = advantages.dim() == 1 or (advantages.dim() == 2 and advantages.shape[1] == 1)
     one_value_a_row = per_sequence or (advantages.dim() == 2 and advantages.stride(1) == 0)
-    if post is not None and post.kind == "exact" and one_value_a_row and advantages.shape[0] == work.batch:
-        work.rows_of_post_norm = "values" if per_sequence else "weighted"
+    if one_value_a_row and advantages.shape[0] == work.batch:
+        if post is not None and post.kind == "exact" and post.tensors[0].shape[0] == work.batch:  # a value a row
+            work.rows_of_post_norm = "values" if per_sequence else "weighted"
+        else:
+            _attempt(problems, lambda: _ship_row_values(seen, work, advantages, per_sequence))
         return
     try:
         rows = _advantage_rows(seen, advantages, work.sample_slices is not None, work.batch)
@@ -650,6 +656,21 @@ def _defer_outputs_to_host(seen: InputObservation, work: HostWork, advantages: t
         return
     if rows is not None:
         work.vectors.update((name, vector) for name, vector in zip(RowSummary._fields, rows) if vector is not None)
+
+
+def _ship_row_values(seen: InputObservation, work: HostWork, advantages: torch.Tensor, per_sequence: bool) -> None:
+    """One value a sample, without an exact post_norm part to read it from: the values (and an expand view's row
+    counts) cross for the host's row summaries, as a float64 copy."""
+    values = advantages.reshape(-1) if per_sequence else advantages[:, 0]
+    if not per_sequence:
+        mask = seen.mask
+        if mask is not None and tuple(mask.shape) != tuple(advantages.shape):
+            return  # reported with the post-norm statistics
+        if mask is None:
+            work.row_width = advantages.shape[1]
+        else:
+            work.vectors["row weights"] = _expand_row_counts(seen, advantages)
+    work.vectors["row values"] = values.to(torch.float64, copy=True)
 
 
 def finish_on_host(parts: CallParts, vectors: Mapping[str, np.ndarray], stages: Mapping[str, list[HostPart]],
@@ -739,6 +760,13 @@ def _host_rows(work: HostWork, vectors: Mapping[str, np.ndarray],
         values, weights = stages["post_norm"][0].arrays
         weighted = work.rows_of_post_norm == "weighted"
         return value_summaries(torch.from_numpy(values), torch.from_numpy(weights) if weighted else None,
+                               sums=work.sample_slices is not None)
+    if "row values" in vectors:
+        weights = vectors.get("row weights")
+        if weights is None and work.row_width is not None:  # an expand view without a mask: every position
+            weights = np.full(vectors["row values"].shape[0], float(work.row_width))
+        return value_summaries(torch.from_numpy(vectors["row values"]),
+                               None if weights is None else torch.from_numpy(weights),
                                sums=work.sample_slices is not None)
     if "abs_max" not in vectors:
         return None

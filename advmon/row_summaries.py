@@ -70,47 +70,34 @@ def row_summaries(
     saves a pass over the mask. Without ``sums``, a dense row with a non-finite
     value gets ``abs_max = -inf`` (one ``aminmax`` pass cannot see past it); with
     them, the finite values are kept apart first, at a few more ops per chunk.
+    Dense rows are reduced where they are; one value a row (``[B]``, an expand view) is
+    ``[B]``-sized work, done in NumPy (:func:`value_summaries`): host data.
     """
     if values.dim() == 1 or (values.dim() == 2 and values.shape[1] == 1):
-        return _per_value(values.reshape(-1), None, sums)
+        return _host_per_value(values.reshape(-1), None, sums)
     if values.stride(1) == 0:  # an expand view: one value per row, counted at its row's valid positions
         if mask is None:
             weights = torch.full((values.shape[0],), float(values.shape[1]), dtype=torch.float64, device=values.device)
         else:
             weights = row_valid_counts(mask) if row_counts is None else row_counts
-        return _per_value(values[:, 0], weights, sums)
+        return _host_per_value(values[:, 0], weights, sums)
     return _dense(values.reshape(values.shape[0], -1), None if mask is None else mask.reshape(values.shape[0], -1), sums)
 
 
 def value_summaries(values: torch.Tensor, weights: torch.Tensor | None = None, *, sums: bool = False) -> RowSummary:
     """:func:`row_summaries` of samples that are one value each (``[B]``), counted ``weights`` times where given
-    (an expand view's rows: their valid counts, 0 = not valid).
+    (an expand view's rows: their valid counts, 0 = not valid); host data, in NumPy.
 
     Example:
         >>> rows = value_summaries(torch.tensor([2.0, -3.0, float("nan")]), torch.tensor([4.0, 0.0, 1.0]), sums=True)
         >>> rows.abs_max.tolist(), rows.nonfinite.tolist(), rows.total.tolist()
         ([2.0, -inf, -inf], [0.0, 0.0, 1.0], [8.0, 0.0, 0.0])
     """
-    return _per_value(values.reshape(-1), weights, sums)
-
-
-def _per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bool) -> RowSummary:
-    if not sync_free(values):
-        return _host_per_value(values, weights, sums)
-    values = values.to(torch.float64)
-    finite = torch.isfinite(values)
-    valid = None if weights is None else weights > 0
-    usable = finite if valid is None else finite & valid
-    bad = ~finite if valid is None else valid & ~finite
-    abs_max = values.abs().masked_fill(~usable, -math.inf)
-    if not sums:
-        return RowSummary(abs_max, bad.to(torch.float64))
-    count = usable.to(torch.float64) if weights is None else weights.to(torch.float64).masked_fill(~usable, 0.0)
-    return RowSummary(abs_max, bad.to(torch.float64), values.masked_fill(~usable, 0.0) * count, count)
+    return _host_per_value(values.reshape(-1), weights, sums)
 
 
 def _host_per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bool) -> RowSummary:
-    """:func:`_per_value` in NumPy on the CPU: a few thousand values cost torch's per-op overhead, not arithmetic."""
+    """:func:`value_summaries` in NumPy: a few thousand values cost torch's per-op overhead, not arithmetic."""
     v = host_float64(values)
     magnitude = np.abs(v)
     w = None if weights is None else host_float64(weights)

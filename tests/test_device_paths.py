@@ -443,3 +443,31 @@ def test_reward_functions_and_slices_cost_a_device_one_copy_per_function(sink):
     assert not seen.syncs, seen.syncs
     assert len(seen.kernels) == WHOLE_CALL_KERNELS["expand-view"] + len(functions), seen.kernels
     assert sink.records[-1].metrics["slices/math/rewards/count"] == 43.0
+
+
+@pytest.mark.parametrize("layout", ["expand-view", "unmasked-expand-view", "per-sequence"])
+def test_one_value_a_row_without_an_exact_part_crosses_as_its_values(layout, monkeypatch):
+    """A batch too large for an exact post_norm part: its rows' values (and row counts) cross for the host's
+    row summaries, which make the same exemplars and slices as the CPU's."""
+    import advmon.observation
+
+    monkeypatch.setattr(advmon.observation, "EXACT_LIMIT", 0)  # every part sketched, as a large batch's
+    monkeypatch.setattr(stats, "EXACT_LIMIT", 0)
+    prompts, rewards, mask = grpo_inputs(6, 4, 12, seed=5)
+    per_row = (rewards - 0.5) * torch.arange(24.0)
+    advantages = {"expand-view": per_row.unsqueeze(-1).expand(mask.shape),
+                  "unmasked-expand-view": per_row.unsqueeze(-1).expand(mask.shape), "per-sequence": per_row}[layout]
+    call = dict(rewards=rewards, advantages=advantages, mask=None if layout == "unmasked-expand-view" else mask,
+                groups=prompts, slices=["a" if i % 2 else "b" for i in range(24)])
+    metrics, exemplars, errors = _observed(None, **call)
+    on_device = _observed("torch", **call)
+    assert errors == on_device[2] == 0
+    assert json_equal(on_device[1], exemplars) and exemplars
+    for key, value in metrics.items():
+        if key.startswith(("slices/", "groups/")):
+            assert on_device[0][key] == value or (math.isnan(value) and math.isnan(on_device[0][key])), key
+    with advmon.Monitor("rows", sinks=[]) as monitor, statistics_path("torch"):
+        with monitor.step(0):
+            with Dispatched() as seen:  # the call alone: the host half's CPU sketches read host values
+                monitor.observe(**call)
+    assert not seen.syncs, seen.syncs
