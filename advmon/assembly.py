@@ -165,10 +165,11 @@ def _add_call(step: StepParts, call: CallParts, stages: dict[str, list[HostPart]
             parts = done.stages.get(stage, [])
         if parts:
             step.stages.setdefault(stage, []).extend(parts)
-    views = call if done is None else done
+    views = call if done is None else done  # the groups and their views: the transfer's, or the host half's
     if views.groups is not None:
         counts = next(arrays) if done is None else host_float64(done.groups)
-        step.group_totals = counts.copy() if step.group_totals is None else merge_group_counts(step.group_totals, counts)
+        totals = step.group_totals
+        step.group_totals = counts.copy() if totals is None else merge_group_counts(totals, counts)
     if views.bound_evidence is not None:
         step.add_evidence(next(arrays) if done is None else done.bound_evidence)
     for key, value in call.estimator_metrics.items():

@@ -369,9 +369,9 @@ class HostGroups(NamedTuple):
 
 
 def host_group_values(rewards: torch.Tensor, ids: torch.Tensor, rising: bool = False) -> HostGroups:
-    """Every group's reward values on the CPU, in NumPy; ``ids`` dense, ``rising`` if known not to fall.
+    """Every group's reward values on the host, in NumPy; ``ids`` dense, ``rising`` if known not to fall.
 
-    The mean sums ``reward - group minimum`` as the device path does: a group of equal
+    The mean sums ``reward - group minimum``: a group of equal
     rewards has its value as its mean exactly (its derived pre_norm is exactly 0). Counted
     in NumPy calls (each costs several microseconds once a mask's pass emptied the caches):
     the common case (rising ids, finite rewards) takes about fifteen.
@@ -416,7 +416,7 @@ def host_group_values(rewards: torch.Tensor, ids: torch.Tensor, rising: bool = F
         high = np.maximum.reduceat(high_values, starts)
     else:
         low = high = np.zeros(0)
-    # Sums of reward - group minimum, in sample order as the device path sums them.
+    # Sums of reward - group minimum, in sample order.
     if all_finite:  # every group has a finite reward: no 0 / 0
         mean = summed(r - low[g]) / finite_count + low
     else:

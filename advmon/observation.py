@@ -333,7 +333,8 @@ class InputObservation:
     bound_factor: float = math.inf
     segments: HostSegments | None = None
     row_counts: torch.Tensor | None = None  #: the mask's, once an expand view needed them
-    slice_slots: torch.Tensor | None = None  #: each sample's slice slot, on the rewards' device
+    #: Each sample's slice slot, on the rewards' device (on the host for a device call's host half).
+    slice_slots: torch.Tensor | None = None
     sample_slices: np.ndarray | None = None  #: the same, on the host
     slice_index: SliceIndex | SliceSnapshot | None = None
     pending_slices: tuple[Any, SliceIndex] | None = None  #: labels not yet numbered (no batch size yet)
