@@ -271,7 +271,8 @@ def tensor_part(
     Otherwise positions where ``mask > 0`` count, or every position without a
     mask; a zero-stride ``expand`` view is summarised from its ``B`` distinct
     values weighted by each row's number of valid positions (``row_counts``, when
-    the caller has them already: :func:`row_valid_counts` of the mask). A dense
+    the caller has them already: :func:`row_valid_counts` of the mask, which the part
+    keeps as they are). A dense
     tensor's rows' extremes go to ``extremes`` where the sketch can take them.
     """
     if values.dim() == 0:
@@ -295,7 +296,7 @@ def tensor_part(
             weights = torch.full((rows,), float(values.shape[1]), dtype=torch.float64, device=values.device)
         else:
             weights = row_valid_counts(mask) if row_counts is None else row_counts
-        return value_part(per_row, weights)
+        return value_part(per_row, weights, own_weights=True)  # row counts: float64, >= 0, made for this call
     width = values[0].numel() if rows else 0  # reshape(0, -1) is ambiguous for an empty batch
     flat = values.reshape(rows, width)
     return dense_part(flat, None if mask is None else mask.reshape(rows, width), extremes)

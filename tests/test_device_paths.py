@@ -250,10 +250,10 @@ def grpo_inputs(groups: int, size: int, tokens: int, seed: int = 0):
 #: The device reduces only what is [B, T] or [B, S]; groups, exemplars, slices and the derived pre_norm are the
 #: host's NumPy after the one transfer. Both: the rewards' float64 copy (1), the prompt rows' hash (6: multiply,
 #: shift, mask, xor, multiply, row sum), the record's packing (1 cat). The expand view: the mask's row counts (5)
-#: and the post_norm's weighted exact part (3: two float64 copies, a clamp), whose values the host summarises per
-#: row too. Dense: the sketch (58, test_the_torch_path_dispatches_the_same_ops_at_any_size) and the rows' peaks
-#: for the exemplars (22).
-WHOLE_CALL_KERNELS = {"expand-view": 1 + 6 + 1 + 5 + 3, "dense": 1 + 6 + 1 + 58 + 22}
+#: and the post_norm's weighted exact part (1: a float64 copy of the rows' values; the counts are its weights),
+#: which the host summarises per row too. Dense: the sketch (58, test_the_torch_path_dispatches_the_same_ops_at_
+#: any_size) and the rows' peaks for the exemplars (22).
+WHOLE_CALL_KERNELS = {"expand-view": 1 + 6 + 1 + 5 + 1, "dense": 1 + 6 + 1 + 58 + 22}
 
 
 @pytest.mark.parametrize("dense", [False, True], ids=["expand-view", "dense"])
