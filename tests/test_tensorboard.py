@@ -134,3 +134,27 @@ def test_histograms_are_tensorboards_raw_histograms(tmp_path):
 
     back = read_run(f"tb+{tmp_path / 'tb' / 'tb-hist'}")
     assert [r.histograms for r in back.records] == [r.histograms for r in records]  # the report draws them from here
+
+
+def test_tb_source_on_the_log_dir_reads_its_one_run_and_lists_several(tmp_path, capsys):
+    """Issue 28 item 6: tb+LOGDIR is what `tensorboard --logdir` takes, the directory given to the sink."""
+    from advmon.runs import read_run
+
+    log_dir = tmp_path / "tb"
+    monitor = advmon.Monitor("tb-only", sinks=[advmon.JsonlSink(tmp_path / "only.jsonl"), TensorBoardSink(log_dir)])
+    run_grpo_steps(monitor, range(4))
+    monitor.close()
+    from_parent, from_run = read_run(f"tb+{log_dir}"), read_run(f"tb+{log_dir / 'tb-only'}")
+    assert from_parent.name == "tb-only" and from_parent.steps == [0, 1, 2, 3]
+    assert [r.metrics for r in from_parent.records] == [r.metrics for r in from_run.records]
+    assert cli(["report", f"tb+{log_dir}", "--out", str(tmp_path / "r.html")]) == 0
+
+    monitor = advmon.Monitor("tb-second", sinks=[TensorBoardSink(log_dir)])
+    run_grpo_steps(monitor, range(2))
+    monitor.close()
+    capsys.readouterr()
+    assert cli(["report", f"tb+{log_dir}", "--out", str(tmp_path / "r2.html")]) == 2  # which one? said, not guessed
+    err = capsys.readouterr().err
+    assert "holds 2 runs" in err and f"tb+{log_dir / 'tb-only'}" in err and f"tb+{log_dir / 'tb-second'}" in err
+    assert not (tmp_path / "r2.html").exists()
+    assert read_run(f"tb+{log_dir / 'tb-second'}").steps == [0, 1]  # each still read by its own directory

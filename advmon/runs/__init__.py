@@ -8,7 +8,8 @@ One interface, :func:`read_run`, over five sources:
   the ``advmon.run`` tag advmon sets (``mlflow+sqlite:///mlflow.db#grpo-tp2``,
   ``mlflow+http://127.0.0.1:5000#4f2a...``);
 * a W&B offline run: its directory (``wandb/offline-run-...``) or its ``.wandb`` file;
-* a TensorBoard run: ``tb+DIR``, the run's event-file directory (``tb+runs/grpo-tp2``);
+* a TensorBoard run: ``tb+DIR``, the run's event-file directory (``tb+runs/grpo-tp2``), or the
+  log directory given to the sink when it holds one run;
 * a trackio run: ``trackio+PROJECT#RUN`` in trackio's local store (``TRACKIO_DIR``, by default
   ``~/.cache/huggingface/trackio``), or ``trackio+PATH/PROJECT.db#RUN`` (the project's SQLite file).
 
