@@ -97,10 +97,14 @@ def value_summaries(values: torch.Tensor, weights: torch.Tensor | None = None, *
 
 
 def _host_per_value(values: torch.Tensor, weights: torch.Tensor | None, sums: bool) -> RowSummary:
-    """:func:`value_summaries` in NumPy: a few thousand values cost torch's per-op overhead, not arithmetic."""
-    v = host_float64(values)
+    """:func:`value_summaries` in NumPy: a few thousand values cost torch's per-op overhead, not arithmetic.
+
+    Device tensors are read back (a CPU call's advantages on a GPU: the monitor's device calls send theirs in
+    the record's transfer instead).
+    """
+    v = host_float64(values.cpu())
     magnitude = np.abs(v)
-    w = None if weights is None else host_float64(weights)
+    w = None if weights is None else host_float64(weights.cpu())
     # A NaN or Inf makes the sum non-finite (so does an overflow of finite values: the general branch is exact too).
     if math.isfinite(np.add.reduce(magnitude)):  # the common case, in fewer ops: nothing is broken
         bad = np.zeros(v.shape[0])
