@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -30,6 +31,19 @@ def _stray_outputs() -> set[str]:
             if os.path.isdir(path):
                 found.update(f"{name}/{entry}" for entry in os.listdir(path))
     return found
+
+
+#: Python's logging tree as the suite found it. AReaL's ``areal.utils.logging.getLogger`` (called when its
+#: modules load and when a PPOActor is made) replaces ``Logger.root`` and ``Logger.manager`` with new ones, so
+#: named loggers made afterwards no longer reach ``logging.root``'s handlers (pytest's caplog among them).
+_LOGGING_TREE = (logging.Logger.root, logging.Logger.manager)
+
+
+@pytest.fixture(autouse=True)
+def _logging_tree_as_found() -> None:
+    """Each test starts with the process's own logging tree, whatever an earlier test imported."""
+    if (logging.Logger.root, logging.Logger.manager) != _LOGGING_TREE:
+        logging.Logger.root, logging.Logger.manager = _LOGGING_TREE
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
