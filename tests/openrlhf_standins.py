@@ -73,9 +73,10 @@ def install() -> list[str]:
 def importing() -> Iterator[list[str]]:
     """The stand-ins in ``sys.modules`` while OpenRLHF's modules are imported, and gone afterwards.
 
-    Example:
-        >>> with importing():
-        ...     from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  # doctest: +SKIP
+    Use::
+
+        with importing():
+            from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
     """
     placed = install()
     try:
