@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from advmon.histograms import Histogram
+from advmon.stats import Histogram
 from advmon.record import Record, histogram_key
 from advmon.runs import ADVMON_PREFIXES, Run, RunSourceError
 

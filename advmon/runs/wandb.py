@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from advmon.histograms import Histogram
+from advmon.stats import Histogram
 from advmon.record import HISTOGRAM_STAGES, Record, histogram_key
 from advmon.runs import ADVMON_PREFIXES, Run, RunSourceError
 
