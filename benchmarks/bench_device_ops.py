@@ -35,7 +35,7 @@ import advmon  # noqa: E402
 import advmon.stats.triton_sketch  # noqa: E402
 from advmon import assembly  # noqa: E402
 from advmon.stats import summaries  # noqa: E402
-from advmon.stats.devices import statistics_path  # noqa: E402
+from advmon.stats import statistics_path  # noqa: E402
 from advmon.observation import observe_call, tensor_part  # noqa: E402
 from tests.dispatch import Dispatched  # noqa: E402
 from tests.test_device_paths import grpo_inputs  # noqa: E402

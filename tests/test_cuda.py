@@ -16,7 +16,7 @@ from hypothesis import given, settings
 import advmon
 from advmon import stats
 from advmon.stats import parts, transfer
-from advmon.stats.devices import statistics_path
+from advmon.stats import statistics_path
 from advmon.observation import tensor_part
 from advmon.stats import summarize
 

@@ -26,7 +26,7 @@ import advmon
 from advmon import stats
 from advmon.stats import device_sketch, parts
 from advmon.stats.device_sketch import device_part
-from advmon.stats.devices import path_for, statistics_path
+from advmon.stats import path_for, statistics_path
 from advmon.observation import tensor_part
 from advmon.stats import summarize, value_part
 
@@ -402,7 +402,7 @@ def json_equal(a, b) -> bool:
 
 def test_integer_ids_cross_exactly_whatever_their_size():
     """Ids cross as their int64 bits: 2**60 and 2**60 + 1, one float64 apart from nothing, stay two groups."""
-    from advmon.stats.groups import group_ids
+    from advmon.stats import group_ids
 
     big = torch.tensor([2**60, 2**60 + 1, 2**60, -(2**62), 2**60 + 1])
     with statistics_path("torch"):

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import advmon
-from advmon.stats.devices import statistics_path
-from advmon.stats.groups import row_keys
+from advmon.stats import statistics_path
+from advmon.stats import row_keys
 
 from .conftest import ListSink
 from .dispatch import Dispatched

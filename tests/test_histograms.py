@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import advmon
-from advmon.stats.devices import statistics_path
-from advmon.stats.histograms import MAX_BINS, coarsened
+from advmon.stats import statistics_path
+from advmon.stats import MAX_BINS, coarsened
 
 from .conftest import ListSink
 from .sketches import prefix_mask

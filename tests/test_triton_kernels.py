@@ -24,7 +24,7 @@ from hypothesis.extra import numpy as hnp
 import advmon
 from advmon import stats
 from advmon.stats import devices, sketch_format
-from advmon.stats.devices import statistics_path
+from advmon.stats import statistics_path
 from advmon.observation import tensor_part
 from advmon.stats.sketch_format import _LEVEL, _OFFSET, host_level
 from advmon.stats import summarize
