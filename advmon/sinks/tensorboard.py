@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from advmon.stats import Histogram
 from advmon.record import Record, histogram_key
 from advmon.sinks.base import Sink, require
+from advmon.stats import Histogram
 
 __all__ = ["TensorBoardSink"]
 
