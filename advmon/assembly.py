@@ -20,17 +20,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from advmon.devices import host_float64
-from advmon.exemplars import FIELDS as EXEMPLAR_FIELDS
-from advmon.exemplars import NOT_CHOSEN, REASONS
-from advmon.group_bounds import merge_evidence
-from advmon.groups import GROUP_COUNT_FIELDS, merge_group_counts
-from advmon.histograms import Histogram
 from advmon.normalization import Verdict, judge
 from advmon.observation import FIRST_SAMPLE, CallParts, GroupKeys, Problem, finish_on_host, lost_on_host
 from advmon.record import REWARD_KEYS, group_metrics, slice_metrics, stage_metrics
-from advmon.slices import SLICE_FIELDS
-from advmon.stats import HostPart, pack, summarize, summarize_with_histogram
+from advmon.stats import EXEMPLAR_FIELDS
+from advmon.stats import EXEMPLAR_NOT_CHOSEN as NOT_CHOSEN
+from advmon.stats import EXEMPLAR_REASONS as REASONS
+from advmon.stats import (
+    GROUP_COUNT_FIELDS,
+    SLICE_FIELDS,
+    Histogram,
+    HostPart,
+    host_float64,
+    merge_evidence,
+    merge_group_counts,
+    pack,
+    summarize,
+    summarize_with_histogram,
+)
 
 __all__ = [
     "CORE_STAGES",
@@ -58,7 +65,7 @@ class StepParts:
     stages: dict[str, list[HostPart]] = field(default_factory=dict)
     group_totals: np.ndarray | None = None
     #: Each call's declared normalization (``None``: not declared), and the calls' groups against their bounds
-    #: (:func:`advmon.group_bounds.call_bounds`, merged).
+    #: (:func:`advmon.stats.group_bounds.call_bounds`, merged).
     normalizations: list[str | None] = field(default_factory=list)
     bound_evidence: np.ndarray | None = None
     estimator_metrics: dict[str, float] = field(default_factory=dict)
@@ -66,7 +73,7 @@ class StepParts:
     sources: list[str | None] = field(default_factory=list)
     #: Every call's worst groups (:func:`exemplar_entries`), ranked and cut to ``k`` by :func:`worst_first`.
     exemplars: list[dict[str, Any]] = field(default_factory=list)
-    #: Per-slice sums (:data:`advmon.slices.SLICE_FIELDS`) by slice name, merged over calls and ranks.
+    #: Per-slice sums (:data:`advmon.stats.slices.SLICE_FIELDS`) by slice name, merged over calls and ranks.
     slices: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property

@@ -60,11 +60,10 @@ from advmon.observation import (
 from advmon.normalization import Normalization, checked_normalization, judge, resolve
 from advmon.record import HISTOGRAM_STAGES, Record
 from advmon.rules import Thresholds
-from advmon.slices import SliceIndex
 from advmon.sinks.base import SinkLike
 from advmon.sinks.jsonl import JsonlSink
 from advmon.sinks.specs import sinks_from_env, specs_from_env
-from advmon.stats import Part, statistics_threads
+from advmon.stats import Part, SliceIndex, statistics_threads
 from advmon.steps import StepTracker
 
 if TYPE_CHECKING:

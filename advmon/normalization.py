@@ -42,7 +42,7 @@ from typing import Any, Literal, Union
 import numpy as np
 
 from advmon.errors import AdvmonConfigError
-from advmon.group_bounds import EVIDENCE_FIELDS, group_ratios
+from advmon.stats import EVIDENCE_FIELDS, group_ratios
 
 __all__ = [
     "KINDS",

@@ -5,7 +5,7 @@ used is reported as a :class:`Problem` and the rest is still observed, so a
 monitor can record what it can and say what it could not.
 
 On the CPU a call's groups, worst groups and slices are NumPy, made during the
-call. On a device (:func:`advmon.devices.sync_free`) the call reduces only what is
+call. On a device (:func:`advmon.stats.devices.sync_free`) the call reduces only what is
 ``[B, T]`` or ``[B, S]`` (the advantages' sketch and row summaries, the prompt rows'
 hashes) and keeps its ``[B]``-sized vectors in a :class:`HostWork`; they cross to
 the host in the record's one transfer, where :func:`finish_on_host` runs the same
@@ -22,27 +22,43 @@ from typing import Any
 import numpy as np
 import torch
 
-from advmon.devices import host_float64, statistics_path, sync_free, to_device, where_float64_works
-from advmon.exemplars import HostSegments, reward_segments, worst_groups
-from advmon.group_bounds import call_bounds, group_peaks
-from advmon.groups import (
+from advmon.stats import (
+    EXACT_LIMIT,
     Grouping,
     GroupsError,
     HostGroups,
+    HostPart,
+    HostSegments,
+    Part,
+    RowExtremes,
     RowKeys,
+    RowSummary,
+    SliceIndex,
+    call_bounds,
     check_group_tensor,
+    dense_part,
     device_group_vector,
     group_counts,
     group_ids_and_row_keys,
+    group_peaks,
     group_statistics,
+    host_float64,
     host_grouping,
+    reward_segments,
     row_keys,
+    row_summaries,
+    row_valid_counts,
+    slice_name,
+    slice_table,
+    statistics_path,
+    sync_free,
+    to_device,
+    to_host,
+    value_part,
+    value_summaries,
+    where_float64_works,
+    worst_groups,
 )
-from advmon.prefix_sketch import RowExtremes
-from advmon.row_summaries import RowSummary, row_summaries, value_summaries
-from advmon.slices import SliceIndex, slice_name, slice_table
-from advmon.sketch_format import HostPart
-from advmon.stats import EXACT_LIMIT, Part, dense_part, row_valid_counts, to_host, value_part
 
 __all__ = [
     "CallParts",
@@ -86,13 +102,13 @@ class CallParts:
     groups: torch.Tensor | None = None
     #: The normalization the estimator declared (:data:`advmon.normalization.KINDS`), ``None`` to infer it.
     normalization: str | None = None
-    #: What the groups' peaks show of it (:func:`advmon.group_bounds.call_bounds`), with groups and rewards.
+    #: What the groups' peaks show of it (:func:`advmon.stats.group_bounds.call_bounds`), with groups and rewards.
     bound_evidence: torch.Tensor | np.ndarray | None = None
     estimator_metrics: dict[str, float | torch.Tensor] = field(default_factory=dict)
-    #: The worst groups (:func:`advmon.exemplars.worst_groups`, plus a ``key`` column), and how to name them.
+    #: The worst groups (:func:`advmon.stats.exemplars.worst_groups`, plus a ``key`` column), and how to name them.
     exemplars: torch.Tensor | None = None
     exemplar_keys: GroupKeys | None = None
-    #: Per-slice sums (:func:`advmon.slices.slice_table`), the slices' names by slot, and each sample's slice.
+    #: Per-slice sums (:func:`advmon.stats.slices.slice_table`), the slices' names by slot, and each sample's slice.
     slices: torch.Tensor | None = None
     slice_names: list[str | None] | None = None
     sample_slices: np.ndarray | None = None
@@ -108,7 +124,7 @@ class HostWork:
     ``vectors`` are what the device computed for it, ``[B]`` each, that travel in the
     record's one transfer: ``rewards`` (a float64 copy), ``function <i>`` (each reward
     function's, a float64 copy), ``groups`` (the groups'
-    :func:`~advmon.groups.device_group_vector`) and the advantages' row summaries
+    :func:`~advmon.stats.groups.device_group_vector`) and the advantages' row summaries
     (dense rows: ``abs_max``, ``nonfinite``, and ``total`` and ``count`` for slices; one
     value a row: ``row values`` and an expand view's ``row weights``, unless the
     post_norm part holds them). The rest is host data taken during the call.
@@ -138,7 +154,7 @@ class HostWork:
 
 @dataclass(frozen=True)
 class SliceSnapshot:
-    """A run's :class:`~advmon.slices.SliceIndex` as a call saw it: later calls may name more slots."""
+    """A run's :class:`~advmon.stats.slices.SliceIndex` as a call saw it: later calls may name more slots."""
 
     slots: int
     names: tuple[str | None, ...]
@@ -838,7 +854,7 @@ def _advantage_rows(seen: InputObservation, advantages: torch.Tensor | None, sum
     return rows
 
 
-#: Where :func:`advmon.exemplars.worst_groups` puts each group's first sample.
+#: Where :func:`advmon.stats.exemplars.worst_groups` puts each group's first sample.
 FIRST_SAMPLE = 1
 
 

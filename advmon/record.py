@@ -17,7 +17,7 @@ are the contract that sinks, dashboards and alerts rely on:
 Beside the metrics, ``exemplars`` lists the step's worst prompt groups
 (``Monitor(exemplars=k)``; docs/drilldown.md), worst first, and ``histograms``
 holds the pre- and post-norm advantages' distributions (``Monitor(histograms=...)``;
-:mod:`advmon.histograms`).
+:mod:`advmon.stats.histograms`).
 
 Unavailable values are ``nan`` in memory and ``null`` in JSON.
 """
@@ -31,9 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from advmon.groups import GROUP_COUNT_FIELDS
-from advmon.histograms import Histogram
-from advmon.stats import VALUE_KEYS
+from advmon.stats import GROUP_COUNT_FIELDS, VALUE_KEYS, Histogram
 
 __all__ = [
     "EXEMPLAR_COLUMNS",
@@ -254,7 +252,7 @@ SLICE_KEYS = (
 
 
 def slice_metrics(name: str, sums: Any) -> dict[str, float]:
-    """A slice's keys from its merged sums (in :data:`advmon.slices.SLICE_FIELDS` order).
+    """A slice's keys from its merged sums (in :data:`advmon.stats.slices.SLICE_FIELDS` order).
 
     Example:
         >>> sums = [4, 3, 1.5, 1, 0, 0, 2, 1, 40, 8.0, 2.5]

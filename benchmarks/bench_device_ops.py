@@ -32,9 +32,10 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 import advmon  # noqa: E402
-import advmon.triton_sketch  # noqa: E402
-from advmon import assembly, stats  # noqa: E402
-from advmon.devices import statistics_path  # noqa: E402
+import advmon.stats.triton_sketch  # noqa: E402
+from advmon import assembly  # noqa: E402
+from advmon.stats import summaries  # noqa: E402
+from advmon.stats import statistics_path  # noqa: E402
 from advmon.observation import observe_call, tensor_part  # noqa: E402
 from tests.dispatch import Dispatched  # noqa: E402
 from tests.test_device_paths import grpo_inputs  # noqa: E402
@@ -49,7 +50,7 @@ class TritonLaunches:
 
     def __init__(self) -> None:
         self.launched = 0
-        for module in (advmon.triton_sketch,):
+        for module in (advmon.stats.triton_sketch,):
             for name, kernels in LAUNCHES.items():
                 if hasattr(module, name):
                     setattr(module, name, self._counted(getattr(module, name), kernels))
@@ -126,8 +127,8 @@ def host_share(repeats: int) -> list[str]:
 
     lines = [
         "the host's share (NumPy and Python, the same on a GPU), 1 thread:",
-        f"  exact statistics of 4096 unweighted values  {median_us(lambda: stats._exact_summary(values, ones), repeats):7.0f} us",
-        f"  exact statistics of 4096 weighted values    {median_us(lambda: stats._exact_summary(values, counts), repeats):7.0f} us",
+        f"  exact statistics of 4096 unweighted values  {median_us(lambda: summaries._exact_summary(values, ones), repeats):7.0f} us",
+        f"  exact statistics of 4096 weighted values    {median_us(lambda: summaries._exact_summary(values, counts), repeats):7.0f} us",
         f"  a GRPO record's three summaries (B=4096)     {median_us(lambda: assembly.summaries_of(step)[0], repeats):7.0f} us",
         f"  ... with packing and assembling the record  {median_us(record, repeats):7.0f} us",
     ]

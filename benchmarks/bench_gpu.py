@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_stats import straightforward  # noqa: E402
 
 import advmon  # noqa: E402
-from advmon.devices import statistics_path  # noqa: E402
+from advmon.stats import statistics_path  # noqa: E402
 from advmon.observation import tensor_part  # noqa: E402
 from advmon.stats import summarize  # noqa: E402
 

@@ -40,7 +40,7 @@ import torch
 
 import advmon.stats as stats
 from advmon.observation import tensor_part
-from advmon.stats import statistics_threads, summarize
+from advmon.stats import cpu_sketch, statistics_threads, summarize
 
 B, T = 4096, 2048
 QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
@@ -103,12 +103,12 @@ def general_path(fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` with the prefix-mask fast path switched off (arbitrary masks take this path)."""
 
     def run() -> object:
-        real = stats._sketch_prefix
-        stats._sketch_prefix = lambda values, valid, extremes=None: None
+        real = cpu_sketch._sketch_prefix
+        cpu_sketch._sketch_prefix = lambda values, valid, extremes=None: None
         try:
             return fn()
         finally:
-            stats._sketch_prefix = real
+            cpu_sketch._sketch_prefix = real
 
     return run
 

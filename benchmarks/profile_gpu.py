@@ -32,7 +32,7 @@ import bench_gpu  # noqa: E402
 from bench_gpu import grpo_estimator, inputs, median_ms  # noqa: E402
 
 import advmon  # noqa: E402
-from advmon.devices import statistics_path  # noqa: E402
+from advmon.stats import statistics_path  # noqa: E402
 from advmon.observation import tensor_part  # noqa: E402
 from advmon.stats import summarize  # noqa: E402
 

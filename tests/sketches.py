@@ -9,7 +9,7 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from advmon import stats
+from advmon.stats import cpu_sketch, sketch_format
 from advmon.stats import summarize
 
 #: Values that break careless statistics: signed zeros, subnormals, float32's extremes, NaN and Inf.
@@ -37,12 +37,12 @@ def prefix_mask(lengths, cols: int, kind: str = "float") -> torch.Tensor:
     return mask.float()
 
 
-def general_part(values: torch.Tensor, mask: torch.Tensor) -> stats.Part:
+def general_part(values: torch.Tensor, mask: torch.Tensor) -> sketch_format.Part:
     """What the general two-pass sketch makes of the same input."""
-    return stats._sketch_two_passes(values, mask)
+    return cpu_sketch._sketch_two_passes(values, mask)
 
 
-def assert_same_sketch(fast: stats.Part, general: stats.Part) -> None:
+def assert_same_sketch(fast: sketch_format.Part, general: sketch_format.Part) -> None:
     """Same counts, extrema, level, offset and histogram; moments to float64 rounding.
 
     Rounding is relative to the data's scale (the largest magnitude): float64 sums in
@@ -51,8 +51,8 @@ def assert_same_sketch(fast: stats.Part, general: stats.Part) -> None:
     f_scalars, f_hist = (t.numpy() for t in fast.tensors)
     g_scalars, g_hist = (t.numpy() for t in general.tensors)
     np.testing.assert_array_equal(f_hist, g_hist)
-    for index in (stats._N_VALID, stats._N_NAN, stats._N_INF, stats._N_FINITE, stats._MIN, stats._MAX,
-                  stats._LEVEL, stats._OFFSET):
+    for index in (sketch_format._N_VALID, sketch_format._N_NAN, sketch_format._N_INF, sketch_format._N_FINITE, sketch_format._MIN, sketch_format._MAX,
+                  sketch_format._LEVEL, sketch_format._OFFSET):
         assert f_scalars[index] == g_scalars[index], index
     f_summary, g_summary = summarize([fast]), summarize([general])
     for key, value in g_summary.items():

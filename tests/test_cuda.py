@@ -15,7 +15,8 @@ from hypothesis import given, settings
 
 import advmon
 from advmon import stats
-from advmon.devices import statistics_path
+from advmon.stats import parts, transfer
+from advmon.stats import statistics_path
 from advmon.observation import tensor_part
 from advmon.stats import summarize
 
@@ -67,7 +68,7 @@ def test_large_inputs_hold_the_documented_tolerances_on_cuda(path, name):
 def test_sketched_moments_hold_on_their_own_scale_on_cuda_whatever_the_offset(path, case):
     x, valid = case
     with pytest.MonkeyPatch.context() as patch, statistics_path(path):
-        patch.setattr(stats, "EXACT_LIMIT", 0)  # the device's sketch, at any size
+        patch.setattr(parts, "EXACT_LIMIT", 0)  # the device's sketch, at any size
         part = stats.dense_part(torch.from_numpy(x).cuda(), torch.from_numpy(valid).cuda())
     part = stats.Part(part.kind, tuple(t.cpu() for t in part.tensors))
     assert part.kind == "sketch"
@@ -79,7 +80,7 @@ class TransferCounter:
 
     def __init__(self, monkeypatch):
         self.transfers = 0
-        original = stats.to_host_array
+        original = transfer.to_host_array
 
         def counted(flat):
             self.transfers += flat.device.type == "cuda"
@@ -89,7 +90,7 @@ class TransferCounter:
             finally:
                 torch.cuda.set_sync_debug_mode("error")
 
-        monkeypatch.setattr(stats, "to_host_array", counted)
+        monkeypatch.setattr(transfer, "to_host_array", counted)
 
     def __enter__(self):
         torch.cuda.synchronize()
@@ -168,10 +169,10 @@ TORCH_PATH_OPS, KERNELS_PER_OP = 60, 2
 
 def most_kernels(path: str) -> int:
     """The torch path's ceiling; the Triton path runs no torch op and launches each kernel of
-    advmon.triton_sketch once (the range, its reduction, moments and bins, theirs)."""
+    advmon.stats.triton_sketch once (the range, its reduction, moments and bins, theirs)."""
     if path == "torch":
         return TORCH_PATH_OPS * KERNELS_PER_OP
-    from advmon import triton_sketch  # imports triton: only where this test runs
+    from advmon.stats import triton_sketch  # imports triton: only where this test runs
 
     return sum(name.endswith("_kernel") for name in vars(triton_sketch))
 

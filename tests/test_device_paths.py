@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import advmon
-from advmon import device_sketch, stats
-from advmon.device_sketch import device_part
-from advmon.devices import path_for, statistics_path
+from advmon import stats
+from advmon.stats import device_sketch, parts
+from advmon.stats.device_sketch import device_part
+from advmon.stats import path_for, statistics_path
 from advmon.observation import tensor_part
 from advmon.stats import summarize, value_part
 
@@ -156,7 +157,7 @@ def test_chunks_merge_into_one_part(monkeypatch):
 
 def test_rows_longer_than_a_chunk_are_counted_exactly(monkeypatch):
     """A row of more values than histc counts exactly in float32 is still one chunk: its bins are sorted instead."""
-    from advmon import device_sketch as module
+    from advmon.stats import device_sketch as module
 
     values = torch.from_numpy(np.random.default_rng(22).standard_normal((2, 300)))
     values[:, :40] = 1.0  # a bin holding more values than the (lowered) float32 limit
@@ -318,7 +319,7 @@ def test_the_gpu_profile_runs(tmp_path):
 
 def test_tensors_on_a_device_without_float64_are_summarised_on_the_host(monkeypatch):
     """MPS has no float64: its tensors cross to the host once each and take the CPU's path."""
-    from advmon import devices
+    from advmon.stats import devices
     from advmon.observation import as_tensor
 
     moved = []
@@ -401,7 +402,7 @@ def json_equal(a, b) -> bool:
 
 def test_integer_ids_cross_exactly_whatever_their_size():
     """Ids cross as their int64 bits: 2**60 and 2**60 + 1, one float64 apart from nothing, stay two groups."""
-    from advmon.groups import group_ids
+    from advmon.stats import group_ids
 
     big = torch.tensor([2**60, 2**60 + 1, 2**60, -(2**62), 2**60 + 1])
     with statistics_path("torch"):
@@ -452,7 +453,7 @@ def test_one_value_a_row_without_an_exact_part_crosses_as_its_values(layout, mon
     import advmon.observation
 
     monkeypatch.setattr(advmon.observation, "EXACT_LIMIT", 0)  # every part sketched, as a large batch's
-    monkeypatch.setattr(stats, "EXACT_LIMIT", 0)
+    monkeypatch.setattr(parts, "EXACT_LIMIT", 0)
     prompts, rewards, mask = grpo_inputs(6, 4, 12, seed=5)
     per_row = (rewards - 0.5) * torch.arange(24.0)
     advantages = {"expand-view": per_row.unsqueeze(-1).expand(mask.shape),

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import advmon
-from advmon.devices import statistics_path
-from advmon.groups import row_keys
+from advmon.stats import statistics_path
+from advmon.stats import row_keys
 
 from .conftest import ListSink
 from .dispatch import Dispatched
@@ -206,9 +206,9 @@ def test_a_reward_function_that_returned_none_names_its_groups(path, sink):
 @pytest.mark.parametrize("layout", ["dense-prefix", "dense-random-mask", "no-mask"])
 def test_exemplars_from_the_sketchs_own_pass_match_numpy(layout, sink, monkeypatch):
     """Large dense tensors on the CPU: the prefix sketch takes the rows' extremes as it copies them."""
-    from advmon import stats
+    from advmon.stats import parts
 
-    monkeypatch.setattr(stats, "EXACT_LIMIT", 0)  # every tensor sketched, as a large one is
+    monkeypatch.setattr(parts, "EXACT_LIMIT", 0)  # every tensor sketched, as a large one is
     rewards, mask = batch(21, groups=12, size=4, width=40)
     rng = np.random.default_rng(22)
     if layout == "dense-random-mask":

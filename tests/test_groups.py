@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from advmon.devices import statistics_path
-from advmon.groups import (
+from advmon.stats import statistics_path
+from advmon.stats import (
     GROUP_COUNT_FIELDS,
     GroupsError,
     derived_pre_norm,

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import advmon
-from advmon.devices import statistics_path
-from advmon.histograms import MAX_BINS, coarsened
+from advmon.stats import statistics_path
+from advmon.stats import MAX_BINS, coarsened
 
 from .conftest import ListSink
 from .sketches import prefix_mask
@@ -46,10 +46,10 @@ def grpo_like(seed: int, rows: int = 96, cols: int = 700):
 @pytest.mark.parametrize("layout", ["expand-view", "dense-prefix", "dense-random-mask", "per-sequence"])
 @pytest.mark.parametrize("sketched", [False, True], ids=["exact", "sketched"])
 def test_histograms_match_numpy(path, layout, sketched, monkeypatch):
-    from advmon import stats
+    from advmon.stats import parts
 
     if sketched:
-        monkeypatch.setattr(stats, "EXACT_LIMIT", 0)  # every tensor sketched, as a large one is
+        monkeypatch.setattr(parts, "EXACT_LIMIT", 0)  # every tensor sketched, as a large one is
     rewards, per_row, mask, rng = grpo_like(1)
     if layout == "expand-view":
         advantages = per_row.float().expand(mask.shape)

@@ -12,7 +12,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import advmon
-from advmon import stats
+from advmon.stats import cpu_sketch, parts
 
 from .estimators import (
     GAELikeEstimator,
@@ -235,7 +235,7 @@ def test_chunked_step_equals_one_call_on_the_whole_batch(sink):
 
 
 def test_chunked_sketched_step_equals_one_call(monkeypatch):
-    monkeypatch.setattr(stats, "EXACT_LIMIT", 0)
+    monkeypatch.setattr(parts, "EXACT_LIMIT", 0)
     rng = np.random.default_rng(1)
     adv = torch.from_numpy(rng.standard_normal((64, 50)).astype(np.float32))
     mask = torch.from_numpy((rng.random((64, 50)) < 0.8).astype(np.float32))
@@ -367,8 +367,8 @@ def test_cuda_tensors(monitor, sink):
 class HostTransfers(TorchFunctionMode):
     """Counts the calls that move tensor data to Python/NumPy.
 
-    The drill-down's CPU-only helpers (``_host_*`` in advmon.exemplars, advmon.slices, advmon.row_summaries
-    and advmon.groups, and the ``host_*`` functions they call, which run only where the tensors are on the
+    The drill-down's CPU-only helpers (``_host_*`` in advmon.stats.exemplars, advmon.stats.slices, advmon.stats.rows
+    and advmon.stats.groups, and the ``host_*`` functions they call, which run only where the tensors are on the
     host already) view those tensors as NumPy arrays in place: not a transfer, so not counted.
     """
 
@@ -388,11 +388,11 @@ class HostTransfers(TorchFunctionMode):
 @pytest.mark.parametrize("path", ["exact", "cpu-sketch", "device-sketch"])
 def test_one_watched_call_crosses_to_the_host_once(path, monitor, sink, monkeypatch):
     if path != "exact":
-        monkeypatch.setattr(stats, "EXACT_LIMIT", 0)
+        monkeypatch.setattr(parts, "EXACT_LIMIT", 0)
     if path == "cpu-sketch":
         # The prefix-mask fast path runs on CPU tensors only and reads a few of their
         # values to choose its blocks (no transfer: they are on the host already).
-        monkeypatch.setattr(stats, "_sketch_prefix", lambda values, valid, extremes=None: None)
+        monkeypatch.setattr(cpu_sketch, "_sketch_prefix", lambda values, valid, extremes=None: None)
     if path == "device-sketch":  # what any device runs (test_device_paths.py checks it never syncs)
         monkeypatch.setenv("ADVMON_STATISTICS_PATH", "torch")
     estimator = advmon.instrument(GRPOLikeEstimator(), monitor)

@@ -90,7 +90,7 @@ def test_kernels_defined_without_the_interpreter_fail_in_ci_where_there_is_no_gp
         import os
 
         os.environ["TRITON_INTERPRET"] = "0"
-        import advmon.triton_sketch  # noqa: E402,F401 - the kernels are defined for a GPU compiler now
+        import advmon.stats.triton_sketch  # noqa: E402,F401 - the kernels are defined for a GPU compiler now
     """))
     chosen = "test_views_read_where_they_lie"
     args = ["-p", "define_kernels_first", "tests/test_triton_kernels.py", "-k", chosen]

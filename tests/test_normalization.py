@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import advmon
-from advmon.devices import statistics_path
+from advmon.stats import statistics_path
 from advmon.errors import AdvmonWarning
 
 from .conftest import ListSink

@@ -10,8 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from advmon import prefix_sketch, stats
-from advmon.prefix_sketch import prefix_lengths, prefix_part
+from advmon import stats
+from advmon.stats import cpu_sketch, prefix_sketch
+from advmon.stats.prefix_sketch import prefix_lengths, prefix_part
 from advmon.stats import dense_part, summarize
 
 from .reference import assert_stats_close, value_stats
@@ -78,8 +79,8 @@ def test_large_prefix_masks_take_the_fast_path_and_agree_bin_for_bin(kind, monke
     values = torch.randn(rows, cols, generator=generator) * 3 + 0.5
     mask = prefix_mask(lengths, cols, kind)
     taken = []
-    real = stats.prefix_part
-    monkeypatch.setattr(stats, "prefix_part", lambda *a: taken.append(real(*a)) or taken[-1])
+    real = cpu_sketch.prefix_part
+    monkeypatch.setattr(cpu_sketch, "prefix_part", lambda *a: taken.append(real(*a)) or taken[-1])
     part = dense_part(values, mask)
     assert taken and taken[0] is part  # dense_part went through the fast path
     assert_stats_close(summarize([part]), value_stats(values.numpy(), (mask > 0).numpy()), exact_percentiles=False)
@@ -188,7 +189,7 @@ def test_without_a_mask_every_row_is_full():
     values = torch.randn(400, 300)
     part = dense_part(values, None)
     assert_stats_close(summarize([part]), value_stats(values.numpy()), exact_percentiles=False)
-    assert_same_sketch(part, stats._sketch_two_passes(values, None))
+    assert_same_sketch(part, cpu_sketch._sketch_two_passes(values, None))
 
 
 def test_a_range_wider_than_the_guess_but_inside_the_window_is_coarsened_exactly(monkeypatch):

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import advmon
-from advmon.devices import statistics_path
+from advmon.stats import statistics_path
 
 from .conftest import ListSink
 from .dispatch import Dispatched
@@ -262,7 +262,7 @@ def test_slices_of_finite_rewards_match_numpy(path, sink):
 @pytest.mark.parametrize("max_slices", [2, 300])
 def test_slice_ids_of_known_and_new_labels(max_slices):
     """Known text labels are looked up at once (slots as bytes, when they fit in one); others are named one by one."""
-    from advmon.slices import SliceIndex
+    from advmon.stats import SliceIndex
 
     index = SliceIndex(max_slices=max_slices)
     assert index.ids(["a"]).tolist() == [0]

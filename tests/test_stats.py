@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from advmon import stats
+from advmon.stats import cpu_sketch, parts, sketch_format, summaries
 from advmon.stats import dense_part, host_level, row_valid_counts, summarize, value_part
 
 from .reference import PERCENTILES, SKETCHED_PERCENTILE_RANGE_FRACTION, assert_stats_close, value_stats
@@ -23,7 +24,7 @@ from .sketches import float_arrays as float_arrays_of
 @pytest.fixture
 def sketch_everything(monkeypatch):
     """Force the histogram path for any size, to test it on small inputs."""
-    monkeypatch.setattr(stats, "EXACT_LIMIT", 0)
+    monkeypatch.setattr(parts, "EXACT_LIMIT", 0)
 
 
 def _check_dense(x: np.ndarray, valid: np.ndarray | None, *, exact: bool) -> None:
@@ -48,7 +49,7 @@ def test_exact_statistics_match_numpy(x, data):
 def test_sketched_statistics_match_numpy(x, data):
     valid = data.draw(hnp.arrays(np.bool_, x.shape))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(stats, "EXACT_LIMIT", 0)
+        patch.setattr(parts, "EXACT_LIMIT", 0)
         _check_dense(x, valid, exact=False)
         _check_dense(x, None, exact=False)
 
@@ -113,12 +114,12 @@ def test_a_sketch_biased_by_0_35_percent_of_the_range_fails(name, monkeypatch):
         with pytest.raises(AssertionError, match=f"^{key}: advmon"):
             assert_stats_close({**got, key: got[key] + bias}, expected, exact_percentiles=False)
 
-    real = stats._histogram_percentiles
+    real = summaries._histogram_percentiles
 
     def biased(n, counts, first, level, low, high):  # the sketch itself reads its percentiles 0.35% high
         return {key: value + 0.0035 * (high - low) for key, value in real(n, counts, first, level, low, high).items()}
 
-    monkeypatch.setattr(stats, "_histogram_percentiles", biased)
+    monkeypatch.setattr(summaries, "_histogram_percentiles", biased)
     with pytest.raises(AssertionError, match=r"^p\d\d: advmon"):
         _check_large_input(name)
 
@@ -134,13 +135,13 @@ def test_a_std_or_mean_off_by_1e_4_of_the_std_fails(name, monkeypatch):
         with pytest.raises(AssertionError, match=f"^{key}: advmon"):
             assert_stats_close({**got, key: wrong}, expected, exact_percentiles=False)
 
-    real = stats.recentered_sums
+    real = summaries.recentered_sums
 
     def inflated(pieces, center):  # the sketch's sum of squared deviations 2e-4 too large: its std 1e-4 or more
         first, second = real(pieces, center)
         return first, second * (1 + 2e-4)
 
-    monkeypatch.setattr(stats, "recentered_sums", inflated)
+    monkeypatch.setattr(summaries, "recentered_sums", inflated)
     with pytest.raises(AssertionError, match="^std: advmon"):
         _check_large_input(name)
 
@@ -148,8 +149,8 @@ def test_a_std_or_mean_off_by_1e_4_of_the_std_fails(name, monkeypatch):
 def test_a_sketch_summing_squares_without_a_shift_fails(monkeypatch):
     """The textbook sum(x^2) / n - mean^2 loses u (mean / std)^2 of the variance: 2e-4 of the offset case's std,
     which 1e-9 of the data's magnitude (1e-3 of that std) let through."""
-    real = stats.binning
-    monkeypatch.setattr(stats, "binning", lambda low, high: real(low, high)._replace(center=torch.zeros_like(low)))
+    real = cpu_sketch.binning
+    monkeypatch.setattr(cpu_sketch, "binning", lambda low, high: real(low, high)._replace(center=torch.zeros_like(low)))
     with pytest.raises(AssertionError, match="^(mean|std): advmon"):
         _check_large_input("offset")
 
@@ -204,19 +205,19 @@ def test_moments_hold_on_their_own_scale_whatever_the_offset(case):
     values, mask = torch.from_numpy(x), torch.from_numpy(valid)
     with pytest.MonkeyPatch.context() as patch:
         for limit in (stats.EXACT_LIMIT, 0):  # exact, then sketched
-            patch.setattr(stats, "EXACT_LIMIT", limit)
+            patch.setattr(parts, "EXACT_LIMIT", limit)
             assert_stats_close(summarize([dense_part(values, mask)]), expected, exact_percentiles=limit > 0)
             cut = x.shape[0] // 2
             chunks = [dense_part(values[:cut], mask[:cut]), dense_part(values[cut:], mask[cut:])]
             assert_stats_close(summarize(chunks), expected, exact_percentiles=limit > 0)
-        assert_stats_close(summarize([stats._sketch_two_passes(values, mask.double())]), expected,
+        assert_stats_close(summarize([cpu_sketch._sketch_two_passes(values, mask.double())]), expected,
                            exact_percentiles=False)
 
 
 @pytest.mark.parametrize("exact", [True, False])
 def test_chunks_merge_to_the_statistics_of_the_whole(exact, monkeypatch):
     if not exact:
-        monkeypatch.setattr(stats, "EXACT_LIMIT", 0)
+        monkeypatch.setattr(parts, "EXACT_LIMIT", 0)
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((90, 70)) * rng.exponential(size=(90, 1))).astype(np.float32)
     valid = rng.random(x.shape) < 0.7
@@ -291,7 +292,7 @@ def test_host_and_device_agree_on_the_histogram_level(low, width):
     high = low + width
     if not math.isfinite(high):
         return
-    level = stats.binning(torch.tensor(low, dtype=torch.float64), torch.tensor(high, dtype=torch.float64)).level
+    level = sketch_format.binning(torch.tensor(low, dtype=torch.float64), torch.tensor(high, dtype=torch.float64)).level
     assert int(level) == host_level(low, high)
     if high > low:
         bin_width = math.ldexp(1.0, host_level(low, high))
@@ -313,8 +314,8 @@ def test_one_pass_and_two_pass_sketches_agree(masked):
     rng = np.random.default_rng(10)
     x = torch.from_numpy((rng.standard_normal((300, 257)) * 3).astype(np.float32))
     valid = torch.from_numpy((rng.random((300, 257)) < 0.6).astype(np.float32)) if masked else None
-    one = stats._sketch_one_pass(x, valid)
-    two = stats._sketch_two_passes(x, valid)
+    one = cpu_sketch._sketch_one_pass(x, valid)
+    two = cpu_sketch._sketch_two_passes(x, valid)
     assert one is not None
     a, b = summarize([one]), summarize([two])
     for key in a:
@@ -333,5 +334,5 @@ def test_one_pass_declines_when_padding_widens_the_range():
     valid = torch.ones(300, 257)
     valid[:, -1] = 0
     x[:, -1] = 1e6  # excluded outliers would coarsen the bins
-    assert stats._sketch_one_pass(x, valid) is None
+    assert cpu_sketch._sketch_one_pass(x, valid) is None
     assert_stats_close(summarize([dense_part(x, valid)]), value_stats(x.numpy(), valid.numpy()), exact_percentiles=False)

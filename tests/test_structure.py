@@ -1,4 +1,5 @@
-"""The house has no circles: no advmon module imports, at any depth, one that imports it back."""
+"""The house has no circles (no advmon module imports, at any depth, one that imports it back), its layers point
+down, and the statistics engine (``advmon/stats/``) has one door."""
 
 from __future__ import annotations
 
@@ -80,22 +81,60 @@ def test_the_import_graph_has_no_circles():
     assert cycles(import_graph()) == []
 
 
+ENGINE = "advmon.stats"
+
+
+def _in_engine(module: str) -> bool:
+    return module == ENGINE or module.startswith(ENGINE + ".")
+
+
 def test_the_layers_point_down():
     graph = import_graph()
-    maths = ("advmon.stats", "advmon.groups", "advmon.prefix_sketch", "advmon.sketch_format", "advmon.devices",
-             "advmon.device_sketch", "advmon.triton_sketch",
-             "advmon.exemplars", "advmon.group_bounds", "advmon.row_summaries", "advmon.slices", "advmon.histograms")
-    for module in maths:
-        assert not {m for m in graph[module] if m not in maths}, module
+    engine = [m for m in graph if _in_engine(m)]
+    assert len(engine) > 1, "the engine is a package: advmon/stats/"
+    for module in engine:  # torch, NumPy, Triton; never anything else of advmon
+        assert not {m for m in graph[module] if not _in_engine(m)}, module
     # The normalization kinds import the engine's group bounds: the catalog reads only the record's ratio.
-    drilldown = ("advmon.exemplars", "advmon.group_bounds", "advmon.normalization", "advmon.row_summaries",
-                 "advmon.slices")
     for module in ("advmon.rules", *(m for m in graph if m.startswith("advmon.alerts"))):
-        assert not {m for m in graph[module] if m.startswith(("advmon.monitor", "advmon.stats", "advmon.groups",
-                                                               *drilldown))}, module
+        assert not {m for m in graph[module] if m.startswith(("advmon.monitor", "advmon.normalization"))
+                    or _in_engine(m)}, module
     for module in (m for m in graph if m.startswith("advmon.sinks")):
         assert "advmon.monitor" not in graph[module], module
     assert "advmon.monitor" not in graph["advmon.hooks"]
+
+
+def _engine_names_used_outside() -> list[str]:
+    """Every import, in advmon outside the engine, of a module inside it or of an underscore name from it."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        name = _module_name(path)
+        if _in_engine(name):
+            continue
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = _absolute(node, package) or ""
+                if _in_engine(module) and module != ENGINE:
+                    found.append(f"{name}: from {module} import ...")
+                elif module == ENGINE:
+                    found += [f"{name}: from {module} import {a.name}" for a in node.names if a.name.startswith("_")
+                              or (PACKAGE / "stats" / f"{a.name}.py").exists()]
+            elif isinstance(node, ast.Import):
+                found += [f"{name}: import {a.name}" for a in node.names if _in_engine(a.name) and a.name != ENGINE]
+    return found
+
+
+def test_the_engine_has_one_door():
+    """advmon imports the engine's names from ``advmon.stats`` only: its modules and underscore names are its own."""
+    assert _engine_names_used_outside() == []
+    import advmon.stats
+
+    exported = advmon.stats.__all__
+    assert len(exported) == len(set(exported))
+    assert not [n for n in exported if n.startswith("_") or not hasattr(advmon.stats, n)]
+    # A name of the door never hides one of its modules (``import advmon.stats.rows as m`` would get the name).
+    modules = {path.stem for path in (PACKAGE / "stats").glob("*.py")}
+    assert not modules & set(exported)
 
 
 def test_relative_imports_count_as_edges():

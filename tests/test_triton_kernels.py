@@ -22,10 +22,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import advmon
-from advmon import devices, stats
-from advmon.devices import statistics_path
+from advmon import stats
+from advmon.stats import devices, sketch_format
+from advmon.stats import statistics_path
 from advmon.observation import tensor_part
-from advmon.sketch_format import _LEVEL, _OFFSET, host_level
+from advmon.stats.sketch_format import _LEVEL, _OFFSET, host_level
 from advmon.stats import summarize
 
 from .dispatch import NOT_KERNELS, Dispatched
@@ -39,15 +40,15 @@ from .test_stats import offset_arrays
 require_module("triton")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-from advmon import triton_sketch  # noqa: E402 - after conftest chose the interpreter
-from advmon.triton_sketch import BLOCK, triton_part  # noqa: E402
+from advmon.stats import triton_sketch  # noqa: E402 - after conftest chose the interpreter
+from advmon.stats.triton_sketch import BLOCK, triton_part  # noqa: E402
 
 if DEVICE.type == "cpu":  # the kernels run only where they were defined for Triton's interpreter
     from triton.runtime.interpreter import InterpretedFunction
 
     if not isinstance(triton_sketch._range_kernel, InterpretedFunction):
         unavailable("no CUDA device, and advmon's Triton kernels were defined without Triton's interpreter: "
-                    "TRITON_INTERPRET=1 must be set before advmon.triton_sketch is imported (tests/conftest.py sets it)")
+                    "TRITON_INTERPRET=1 must be set before advmon.stats.triton_sketch is imported (tests/conftest.py sets it)")
 
 
 def on_device(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -119,7 +120,7 @@ def test_a_multi_block_tensor_reduces_every_block():
     values[0, -1] = 1e6  # the last block's value must reach the range
     part = triton_part(on_device(values))
     scalars = part.tensors[0].cpu()
-    assert scalars[stats._MAX] == 1e6 and scalars[stats._N_VALID] == values.numel()
+    assert scalars[sketch_format._MAX] == 1e6 and scalars[sketch_format._N_VALID] == values.numel()
     assert_stats_close(summarize([stats.Part("sketch", (scalars, part.tensors[1].cpu()))]),
                        value_stats(values.numpy()), exact_percentiles=False)
 
@@ -168,12 +169,12 @@ def test_the_triton_path_dispatches_few_torch_ops_at_any_size():
 
 
 def test_a_failing_kernel_warns_once_and_the_torch_path_answers(monkeypatch):
-    import advmon.triton_sketch
+    import advmon.stats.triton_sketch
 
     def broken(values, valid=None):
         raise RuntimeError("no kernel image is available for execution on the device")
 
-    monkeypatch.setattr(advmon.triton_sketch, "triton_part", broken)
+    monkeypatch.setattr(advmon.stats.triton_sketch, "triton_part", broken)
     monkeypatch.setattr(devices, "_TRITON_FAILURE", [])
     values = torch.randn(300, 300)
     with statistics_path("triton"), warnings.catch_warnings(record=True) as caught:
@@ -190,7 +191,7 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from advmon import triton_sketch
+from advmon.stats import triton_sketch
 
 reading = dict(count="i64", cols="i32", v_row="i32", v_col="i32", m_row="i32", m_col="i32")
 kernels = [

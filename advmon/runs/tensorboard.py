@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from advmon.histograms import Histogram
 from advmon.record import Record, histogram_key
 from advmon.runs import ADVMON_PREFIXES, Run, RunSourceError
+from advmon.stats import Histogram
 
 HISTOGRAM_PREFIX = histogram_key("")
 

@@ -19,9 +19,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from advmon.histograms import Histogram
 from advmon.record import HISTOGRAM_STAGES, Record, histogram_key
 from advmon.runs import ADVMON_PREFIXES, Run, RunSourceError
+from advmon.stats import Histogram
 
 __all__ = ["read_trackio_run", "trackio_database"]
 

@@ -6,7 +6,7 @@ the tags: ``advantages/post_norm/std`` is plotted as TensorBoard's
 ``advantages/post_norm/std``), at the record's step and time. The files are
 written by TensorBoard's own ``EventFileWriter`` (no TensorFlow, no torch) under
 ``<dir>/<run>/``, and read back by its ``EventAccumulator``. A record's histograms
-(the pre- and post-norm advantages' distributions, :mod:`advmon.histograms`) go in
+(the pre- and post-norm advantages' distributions, :mod:`advmon.stats.histograms`) go in
 the same event as raw histograms under ``histograms/advantages/<stage>``: the
 bins' right edges, their counts, and the stage's min, max, count and sums.
 
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from advmon.histograms import Histogram
 from advmon.record import Record, histogram_key
 from advmon.sinks.base import Sink, require
+from advmon.stats import Histogram
 
 __all__ = ["TensorBoardSink"]
 

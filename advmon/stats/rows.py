@@ -23,10 +23,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from advmon.devices import host_float64, sync_free
-from advmon.stats import row_valid_counts
+from advmon.stats.devices import host_float64, sync_free
+from advmon.stats.prefix_sketch import indicator_chunks
 
-__all__ = ["RowSummary", "row_summaries", "value_summaries"]
+__all__ = ["RowSummary", "row_summaries", "row_valid_counts", "value_summaries"]
 
 #: Dense values reduced per row at once, off the CPU (bounds a chunk's temporaries as the sketch does).
 _DEVICE_CHUNK = 1 << 24
@@ -213,3 +213,56 @@ def _dense_exact(flat: torch.Tensor, mask: torch.Tensor | None, sums: bool) -> R
             nonfinite[at] = broken & has_valid
             abs_max[at] = peak.masked_fill(broken | ~has_valid, -math.inf)
     return RowSummary(abs_max.to(torch.float64), nonfinite.to(torch.float64), total, count)
+
+
+def row_valid_counts(mask: torch.Tensor) -> torch.Tensor:
+    """Number of entries ``> 0`` in each row of a 2-D mask, as float64.
+
+    On the CPU the mask is read once, in row chunks that stay in cache, as a 0/1
+    float indicator (see :func:`advmon.stats.prefix_sketch.indicator_chunks`) whose row
+    sums are exact counts: whole numbers below ``2**24`` in float32, and float64
+    for longer rows. Elsewhere it is a fixed handful of whole-tensor ops (see
+    :func:`_counts_without_copies`); no value is read back, so device masks do
+    not sync.
+
+    Example:
+        >>> row_valid_counts(torch.tensor([[1.0, 0.5, 0.0], [0.0, 0.0, 0.0]])).tolist()
+        [2.0, 0.0]
+        >>> row_valid_counts(torch.tensor([[float("nan"), -1.0, 2.0]])).tolist()
+        [1.0]
+    """
+    mask = mask.detach()
+    if sync_free(mask):
+        # gt(bool, 0) would widen a bool mask to int64 first: a bool mask already says which count.
+        return _counts_without_copies(mask if mask.dtype == torch.bool else torch.gt(mask, 0))
+    rows, cols = mask.shape
+    dtype = torch.float32 if cols < (1 << 24) else torch.float64
+    counts = torch.empty(rows, dtype=dtype, device=mask.device)
+    # 4 MiB chunks (in L3): measured faster than 1-2 MiB, the per-op overhead then counts.
+    for start, ones in indicator_chunks(mask, dtype, chunk_elements=1 << 20):
+        torch.sum(ones, dim=1, out=counts[start : start + ones.shape[0]])
+    return counts.to(torch.float64)
+
+
+#: Most entries a uint8 sum can count without overflowing.
+_BYTE_SPAN = 255
+
+
+def _counts_without_copies(valid: torch.Tensor) -> torch.Tensor:
+    """Row counts of a 2-D bool tensor as float64, with no temporary of its size.
+
+    A reduction whose result dtype differs from its input's first copies the whole
+    input to that dtype: ``valid.sum(1, dtype=float64)`` made 8 bytes an entry (2x
+    a float32 tensor, measured on an H200). Summed as bytes, spans of 255 columns
+    cannot overflow; only those partial counts (1/255 of the size) are widened.
+
+    Example:
+        >>> _counts_without_copies(torch.ones(2, 600, dtype=torch.bool)).tolist()
+        [600.0, 600.0]
+    """
+    rows, cols = valid.shape
+    whole = cols - cols % _BYTE_SPAN
+    as_bytes = valid.view(torch.uint8)
+    spans = as_bytes[:, :whole].reshape(rows, whole // _BYTE_SPAN, _BYTE_SPAN).sum(dim=2, dtype=torch.uint8)
+    tail = as_bytes[:, whole:].sum(dim=1, dtype=torch.uint8)
+    return spans.sum(dim=1, dtype=torch.float64) + tail

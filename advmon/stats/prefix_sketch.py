@@ -10,7 +10,7 @@ so the statistics never need to read the padding or multiply by the mask:
    ``c (c - 1) / 2``, the smallest sum of ``c`` distinct positions. The sums
    are of whole numbers below ``2**24`` (float32) or ``2**53`` (float64), so
    they are exact. Any row that fails sends the whole tensor to the general
-   sketch in :mod:`advmon.stats`.
+   sketch in :mod:`advmon.stats.cpu_sketch`.
 2. **Gather.** Rows sorted by length are taken in groups of ``G`` rows; a
    group's rectangle (its rows up to its shortest length) is copied with one
    ``index_select``, and the ragged rest of every group is gathered at the end.
@@ -26,7 +26,7 @@ so the statistics never need to read the padding or multiply by the mask:
    second pass with the true range. A block holding NaN or Inf has them
    counted and its finite values selected (a boolean index, only there).
 
-The result is a :class:`~advmon.sketch_format.Part` with the same layout, level rule and
+The result is a :class:`~advmon.stats.sketch_format.Part` with the same layout, level rule and
 bins as the general sketch, so the two merge, and every statistic stays what
 the general path computes (``tests/test_prefix_sketch.py`` checks them against
 NumPy and against the general sketch, bin for bin).
@@ -39,7 +39,7 @@ import math
 import numpy as np
 import torch
 
-from advmon.sketch_format import _HIST_LEN, Part, host_level, recentered_sums
+from advmon.stats.sketch_format import _HIST_LEN, Part, host_level, recentered_sums
 
 __all__ = ["RowExtremes", "indicator_chunks", "prefix_lengths", "prefix_part"]
 
@@ -100,7 +100,7 @@ def prefix_lengths(valid: torch.Tensor) -> torch.Tensor | None:
 class RowExtremes:
     """Each row's largest and smallest valid value and their sum, taken in the sketch's own pass.
 
-    The drill-down needs per-row peaks (:mod:`advmon.row_summaries`); a second pass
+    The drill-down needs per-row peaks (:mod:`advmon.stats.rows`); a second pass
     over a large tensor would cost the CPU as much again, while the sketch copies
     every valid value into cache anyway, a row rectangle at a time. ``complete`` is
     set once every row was covered; a NaN or Inf shows as a non-finite extreme
@@ -562,4 +562,3 @@ def _histogram_pass(layout: _Layout, level: int, first: int) -> torch.Tensor:
         scaled = _finite(block).to(torch.float64).mul_(scale).floor_().sub_(first)
         histogram += torch.bincount(scaled.to(torch.int64), minlength=_HIST_LEN)
     return histogram
-

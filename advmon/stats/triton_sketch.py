@@ -1,6 +1,6 @@
 """The sketch of a large tensor on a CUDA or ROCm device, in four Triton kernels.
 
-The pure-torch device path (:mod:`advmon.device_sketch`) needs a few dozen ops,
+The pure-torch device path (:mod:`advmon.stats.device_sketch`) needs a few dozen ops,
 each a kernel launch that costs the CPU 10-25 us. Here the same two passes are
 two kernels over blocks of :data:`BLOCK` values, each followed by a one-program
 kernel that reduces the blocks' results in a fixed order:
@@ -8,7 +8,7 @@ kernel that reduces the blocks' results in a fixed order:
 1. ``_range_kernel``: per block, the counts (valid, NaN, finite), ``sum |x|``
    and the finite valid minimum and maximum.
 2. ``_finalize_range_kernel``: the totals, and the histogram's level, first bin
-   and moment center by the rule of :func:`~advmon.sketch_format.binning`
+   and moment center by the rule of :func:`~advmon.stats.sketch_format.binning`
    (``frexp`` done on the float64 bits); it also zeroes the histogram.
 3. ``_moments_bins_kernel``: per block, the float64 sums of ``x - center`` and
    its square, and a ``tl.histogram`` of the bins added to the global int32
@@ -19,7 +19,7 @@ Values are read where they lie (any strides, an expand view included), in any
 float dtype, and computed in float64; masks of any dtype count where ``> 0``.
 Nothing is read back to the host, the counts are integers, and every sum has a
 fixed order, so the result does not depend on scheduling. It is the
-:class:`~advmon.sketch_format.Part` the other paths write, bin for bin.
+:class:`~advmon.stats.sketch_format.Part` the other paths write, bin for bin.
 
 Without a GPU, ``TRITON_INTERPRET=1`` (set before ``triton`` is imported) runs
 these kernels on CPU tensors with NumPy: that is how ``make test`` checks them.
@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from advmon.sketch_format import _HIST_LEN, _SKETCH_LEVEL_SHIFT, Part
+from advmon.stats.sketch_format import _HIST_LEN, _SKETCH_LEVEL_SHIFT, Part
 
 __all__ = ["BLOCK", "triton_part"]
 

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from advmon.devices import host_float64
+from advmon.stats.devices import host_float64
 
 __all__ = [
     "EVIDENCE_FIELDS",
@@ -131,9 +131,9 @@ def _spread_ratios(xp: ModuleType, peak: Any, finite: Any, low: Any, high: Any, 
 
 def group_peaks(segments: Any, abs_max: Any, nonfinite: Any) -> GroupPeaks | None:
     """Each group's peak |A| and non-finite advantage samples, from per-sample summaries
-    (:func:`advmon.row_summaries.row_summaries`' ``peak()`` and ``nonfinite``).
+    (:func:`advmon.stats.rows.row_summaries`' ``peak()`` and ``nonfinite``).
 
-    ``segments`` are :func:`advmon.exemplars.reward_segments`' (NumPy, one slot per
+    ``segments`` are :func:`advmon.stats.exemplars.reward_segments`' (NumPy, one slot per
     group). ``None`` without per-sample summaries.
     """
     if abs_max is None or nonfinite is None:
@@ -199,7 +199,7 @@ def loo_bounds(ordered: np.ndarray, segments: Any, size: np.ndarray, finite: np.
     give a std of 0 here, where float32's ``E[x^2] - E[x]^2`` may not (the cancellation
     this bound catches). A group of equal rewards is allowed ``G / sqrt(G - 1)``, as a
     normalized group. ``nan`` for groups with a non-finite reward or of one sample.
-    ``ordered`` are the rewards in group order, ``segments`` (:class:`~advmon.groups.HostGroups`) their groups.
+    ``ordered`` are the rewards in group order, ``segments`` (:class:`~advmon.stats.groups.HostGroups`) their groups.
     """
     count = ordered.shape[0]
     slots = size.shape[0]

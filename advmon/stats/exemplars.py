@@ -14,7 +14,7 @@ Groups are ranked by why they were chosen, then by how bad they are:
    with a non-finite valid advantage (most non-finite values first);
 1. **beyond the bound**: the group's largest finite |post-norm advantage| is more
    than ``bound_factor`` times what the call's normalization allows it
-   (:func:`advmon.group_bounds.group_ratios`: ``G / sqrt(G - 1)`` for a group-std
+   (:func:`advmon.stats.group_bounds.group_ratios`: ``G / sqrt(G - 1)`` for a group-std
    normalization of ``G`` samples, the group's reward spread for a group-mean baseline);
 2. the largest finite |post-norm advantage|.
 
@@ -23,7 +23,7 @@ exemplar.
 
 Example:
     >>> import torch
-    >>> from advmon.group_bounds import group_peaks
+    >>> from advmon.stats.group_bounds import group_peaks
     >>> rewards = torch.tensor([1.0, float("nan"), 0.5, 0.5, 2.0, 0.0])
     >>> segments = reward_segments(rewards, torch.tensor([0, 0, 1, 1, 2, 2]))
     >>> peaks = group_peaks(segments, torch.tensor([1.0, 0.0, 0.0, 0.0, 0.7, 0.7]), torch.zeros(6))
@@ -42,9 +42,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from advmon.devices import host_float64
-from advmon.group_bounds import GroupPeaks
-from advmon.groups import HostGroups, host_group_values
+from advmon.stats.devices import host_float64
+from advmon.stats.group_bounds import GroupPeaks
+from advmon.stats.groups import HostGroups, host_group_values
 
 __all__ = ["FIELDS", "REASONS", "HostSegments", "reward_segments", "worst_groups"]
 
@@ -86,7 +86,7 @@ def reward_segments(
 ) -> HostSegments:
     """Every group's reward values (on the CPU, taken before the estimator runs: it may change rewards in place).
 
-    ``ids`` are dense group ids in ``[0, B)`` (:func:`advmon.groups.group_ids`), CPU
+    ``ids`` are dense group ids in ``[0, B)`` (:func:`advmon.stats.groups.group_ids`), CPU
     tensors as the rewards; ``function_nonfinite`` counts, per sample, the reward
     functions whose score is NaN or Inf; ``rising`` says the ids are known not to
     decrease (else they are looked at). One slot per group (no empty slots: shapes
@@ -110,9 +110,9 @@ def worst_groups(
 ) -> torch.Tensor:
     """The ``k`` worst groups as a ``[min(k, B), len(FIELDS)]`` float64 table, worst first.
 
-    ``peaks`` are :func:`~advmon.group_bounds.group_peaks` of the call's post-norm
+    ``peaks`` are :func:`~advmon.stats.group_bounds.group_peaks` of the call's post-norm
     advantages (``None`` without them), ``ratio`` each group's peak over its bound
-    (:func:`~advmon.group_bounds.group_ratios`; ``None``: no bound known). Rows whose
+    (:func:`~advmon.stats.group_bounds.group_ratios`; ``None``: no bound known). Rows whose
     ``reason`` is ``NOT_CHOSEN`` are empty slots or groups with nothing to show. With
     ``key_column`` (given the chosen groups' first samples, the numbers that name them)
     the table has one more column, last.

@@ -3,8 +3,9 @@
 A sketch :class:`Part` holds a scalar tensor (counts, sums, extrema, the
 histogram's level and first bin, in the layout below) and a histogram whose bins
 are ``floor(x / 2**level) - first``. Floor bins nest, so parts with different
-levels merge exactly at the coarsest one. :mod:`advmon.stats` (the general
-paths) and :mod:`advmon.prefix_sketch` (the prefix-mask fast path) both write it.
+levels merge exactly at the coarsest one. :mod:`advmon.stats.cpu_sketch` (the CPU's
+general sketch), :mod:`advmon.stats.prefix_sketch` (the CPU's prefix-mask fast path),
+:mod:`advmon.stats.device_sketch` and :mod:`advmon.stats.triton_sketch` all write it.
 """
 
 from __future__ import annotations

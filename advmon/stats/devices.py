@@ -1,14 +1,14 @@
 """Which statistics path a tensor takes, and host data moved to a device without a sync.
 
-Three paths compute the same :class:`~advmon.sketch_format.Part`:
+Three paths compute the same :class:`~advmon.stats.sketch_format.Part`:
 
 * ``"cpu"``: CPU tensors. Cache-sized row chunks, a prefix-mask fast path, and
   shortcuts that look at values (free on the host).
 * ``"torch"``: any other device. A fixed number of whole-tensor torch ops per
   call whatever the size (chunks only bound memory), nothing read back to the
-  host, exact integer counts (:mod:`advmon.device_sketch`).
+  host, exact integer counts (:mod:`advmon.stats.device_sketch`).
 * ``"triton"``: CUDA and ROCm devices where ``triton`` imports. A handful of
-  kernels (:mod:`advmon.triton_sketch`).
+  kernels (:mod:`advmon.stats.triton_sketch`).
 
 ``ADVMON_STATISTICS_PATH=torch`` (or ``triton``) in the environment, or
 :func:`statistics_path` in code, chooses a device path for every tensor; the

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from advmon.devices import host_float64
-from advmon.exemplars import HostSegments
-from advmon.row_summaries import RowSummary
+from advmon.stats.devices import host_float64
+from advmon.stats.exemplars import HostSegments
+from advmon.stats.rows import RowSummary
 
 __all__ = ["OTHER", "SLICE_FIELDS", "SliceIndex", "slice_name", "slice_table"]
 
@@ -144,7 +144,7 @@ def slice_table(
     ``slots`` holds each sample's slot in ``[0, count)``; ``rewards`` are
     per sequence; ``segments`` are the call's groups (a group counts in the slice
     of its first sample); ``rows`` the post-norm advantages' per-sample sums
-    (:func:`~advmon.row_summaries.row_summaries` with ``sums=True``);
+    (:func:`~advmon.stats.rows.row_summaries` with ``sums=True``);
     ``function_nonfinite`` the reward functions' NaN and Inf scores per sample.
     What is missing is ``nan`` (no function scores: 0).
 

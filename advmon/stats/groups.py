@@ -7,7 +7,7 @@ functions find the groups and count such groups, per call.
 These are host functions. On the CPU they read values (``torch.unique`` where identical
 prompt rows are apart), and the groups' values are NumPy (:func:`host_group_values`: a
 call's few thousand samples cost per-call overhead, which NumPy keeps lower than torch).
-A device (:func:`advmon.devices.sync_free`) only reduces what is ``[B, S]``: prompt rows
+A device (:func:`advmon.stats.devices.sync_free`) only reduces what is ``[B, S]``: prompt rows
 become a 64-bit row hash each (:func:`device_group_vector`), which crosses to the host in
 the record's one transfer and is numbered there (:func:`host_grouping`), as the CPU
 numbers its rows. Group ids are dense; the CPU and the hashes number contiguous prompt
@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from advmon.devices import host_float64, sync_free, to_device
+from advmon.stats.devices import host_float64, sync_free, to_device
 
 __all__ = [
     "GROUP_COUNT_FIELDS",

@@ -7,7 +7,7 @@ once and never looks at a value:
 
 1. **Range.** One pass gives the counts (valid, NaN, finite: sums of bool masks,
    exact), the finite valid minimum and maximum, and the sum of ``|x|``.
-2. **Level.** :func:`~advmon.sketch_format.histogram_level` turns the range into
+2. **Level.** :func:`~advmon.stats.sketch_format.histogram_level` turns the range into
    the histogram's bin width and first bin as device tensors.
 3. **Moments and histogram.** A second pass sums the deviations from the range's
    midpoint and their squares in float64 and bins every usable value. Bins are
@@ -19,7 +19,7 @@ Tensors of more than :data:`CHUNK_ELEMENTS` values go in row chunks of about tha
 size (the float64 temporaries would be too large otherwise), so a call costs
 the same few dozen ops up to 16M values and that many per chunk beyond.
 
-The result is a :class:`~advmon.sketch_format.Part` with the CPU paths' layout,
+The result is a :class:`~advmon.stats.sketch_format.Part` with the CPU paths' layout,
 level rule and bins: parts of any path merge.
 
 Example:
@@ -36,7 +36,7 @@ import math
 
 import torch
 
-from advmon.sketch_format import _HIST_LEN, Binning, Part, binning
+from advmon.stats.sketch_format import _HIST_LEN, Binning, Part, binning
 
 __all__ = ["CHUNK_ELEMENTS", "device_part"]
 

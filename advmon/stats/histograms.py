@@ -1,7 +1,7 @@
 """A stage's distribution in at most 64 bins, from the histogram its percentiles already use.
 
 Every statistics path bins finite values at ``floor(x / 2**level)`` (the sketch
-format, :mod:`advmon.sketch_format`): about a thousand fine bins of one power-of-two
+format, :mod:`advmon.stats.sketch_format`): about a thousand fine bins of one power-of-two
 width. :func:`coarsened` merges them into at most ``max_bins`` bins whose edges
 are fine-bin edges, so the counts stay exact (no value is re-binned by estimate)
 and every edge is an exact float. Where the fine bins fit, they are kept as they

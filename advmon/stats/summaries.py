@@ -1,0 +1,311 @@
+"""The host half's statistics of one stage: its parts merged and finished, in NumPy.
+
+:func:`summarize` merges any number of parts (several calls of one training step,
+from any path) and finishes the statistics; :func:`summarize_with_histogram` also
+keeps the histogram the percentiles were read from (:mod:`advmon.stats.histograms`).
+Merging only ever adds counts and sums and takes minima, maxima and histogram bins;
+it never averages averages.
+
+Example:
+    >>> import torch
+    >>> from advmon.stats.parts import value_part
+    >>> stats = summarize([value_part(torch.tensor([1.0, 2.0, float("nan"), 4.0]))])
+    >>> stats["mean"], stats["count"], stats["nan_count"], stats["p50"]
+    (2.3333333333333335, 4.0, 1.0, 2.0)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import numpy as np
+
+from advmon.stats.histograms import Histogram, coarsened
+from advmon.stats.sketch_format import (
+    _ABSSUM,
+    _ADDITIVE,
+    _CENTER,
+    _CSUM,
+    _CSUMSQ,
+    _LEVEL,
+    _MAX,
+    _MIN,
+    _N_FINITE,
+    _N_INF,
+    _N_NAN,
+    _N_SCALARS,
+    _N_VALID,
+    _OFFSET,
+    HostPart,
+    Part,
+    host_level,
+    recentered_sums,
+)
+from advmon.stats.transfer import to_host
+
+__all__ = ["PERCENTILES", "VALUE_KEYS", "summarize", "summarize_with_histogram"]
+
+PERCENTILES: tuple[tuple[str, float], ...] = (
+    ("p01", 0.01),
+    ("p10", 0.10),
+    ("p50", 0.50),
+    ("p90", 0.90),
+    ("p99", 0.99),
+)
+VALUE_KEYS: tuple[str, ...] = (
+    "mean",
+    "std",
+    "min",
+    "max",
+    "abs_mean",
+    "count",
+    "nan_count",
+    "inf_count",
+) + tuple(name for name, _ in PERCENTILES)
+
+
+def summarize(parts: Iterable[Part | HostPart]) -> dict[str, float]:
+    """Finish the statistics of one stage from all its parts (see module docstring).
+
+    Device parts are transferred here; the monitor instead transfers a whole
+    record at once with :func:`pack` and passes :class:`HostPart` objects.
+
+    Returns:
+        A dict with every key of :data:`VALUE_KEYS`; unavailable values are ``nan``.
+    """
+    host_parts = [p if isinstance(p, HostPart) else to_host(p) for p in parts]
+    if host_parts and all(p.kind == "exact" for p in host_parts):
+        values = np.concatenate([p.arrays[0] for p in host_parts])
+        weights = np.concatenate([p.arrays[1] for p in host_parts])
+        return _exact_summary(values, weights)
+    return _sketch_summary(host_parts)
+
+
+def summarize_with_histogram(parts: Iterable[Part | HostPart]) -> tuple[dict[str, float], Histogram | None]:
+    """:func:`summarize`, and the finite values' distribution in at most 64 bins (:mod:`advmon.stats.histograms`).
+
+    The histogram is the one the percentiles are read from, merged over the parts and
+    coarsened (exact parts, small, are binned the same way); ``None`` without a finite value.
+
+    Example:
+        >>> import torch
+        >>> from advmon.stats.parts import value_part
+        >>> summary, histogram = summarize_with_histogram([value_part(torch.tensor([0.0, 1.0, 1.0, 3.0]))])
+        >>> summary["mean"], histogram.total, histogram.edges[0] <= 0.0, histogram.edges[-1] > 3.0
+        (1.25, 4.0, True, True)
+    """
+    host_parts = [p if isinstance(p, HostPart) else to_host(p) for p in parts]
+    if host_parts and all(p.kind == "exact" for p in host_parts):
+        values = np.concatenate([p.arrays[0] for p in host_parts])
+        weights = np.concatenate([p.arrays[1] for p in host_parts])
+        summary = _exact_summary(values, weights)
+        if not summary["count"] > summary["nan_count"] + summary["inf_count"]:
+            return summary, None
+        return summary, coarsened(*_merged_histogram(host_parts, summary["min"], summary["max"]))
+    summary, merged = _sketch_summary_and_histogram(host_parts)
+    return summary, None if merged is None else coarsened(*merged)
+
+
+def _empty_summary(count: float = 0.0, nan_count: float = 0.0, inf_count: float = 0.0) -> dict[str, float]:
+    summary = dict.fromkeys(VALUE_KEYS, math.nan)
+    summary.update(count=count, nan_count=nan_count, inf_count=inf_count)
+    return summary
+
+
+def _exact_summary(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+    if np.all(weights == 1):  # rewards and pre_norm: every value counts once
+        return _unweighted_summary(values)
+    valid = weights > 0
+    nan = valid & np.isnan(values)
+    finite = valid & np.isfinite(values)
+    count = float(weights[valid].sum())
+    nan_count = float(weights[nan].sum())
+    inf_count = float(weights[valid & np.isinf(values)].sum())
+    kept, kept_weights = values[finite], weights[finite]
+    n = float(kept_weights.sum())
+    summary = _empty_summary(count, nan_count, inf_count)
+    if n == 0:
+        return summary
+    order = np.argsort(kept)  # ties are equal values: their order cannot change an order statistic
+    ordered, cumulative = kept[order], np.cumsum(kept_weights[order])
+    low, high = float(ordered[0]), float(ordered[-1])
+    mean, variance = _centered_moments(kept, kept_weights, n, low, high)
+
+    def order_statistic(rank: int) -> float:
+        return float(ordered[np.searchsorted(cumulative, rank, side="right")])
+
+    summary.update(
+        mean=mean,
+        std=math.sqrt(variance),
+        min=low,
+        max=high,
+        abs_mean=float(np.dot(kept_weights, np.abs(kept)) / n),
+    )
+    summary.update(_percentiles(n, order_statistic))
+    return summary
+
+
+def _unweighted_summary(values: np.ndarray) -> dict[str, float]:
+    """:func:`_exact_summary` when every weight is 1: a plain sort, no weighted ranks (3x faster at 4096 values)."""
+    kept = values[np.isfinite(values)]
+    n = kept.size
+    nan_count = float(np.count_nonzero(np.isnan(values)))
+    summary = _empty_summary(float(values.size), nan_count, float(values.size - n) - nan_count)
+    if n == 0:
+        return summary
+    ordered = np.sort(kept)
+    low, high = float(ordered[0]), float(ordered[-1])
+    mean, variance = _centered_moments(kept, None, n, low, high)
+    summary.update(
+        mean=mean,
+        std=math.sqrt(variance),
+        min=low,
+        max=high,
+        abs_mean=float(np.abs(kept).mean()),
+    )
+    summary.update(_percentiles(float(n), lambda rank: float(ordered[rank])))
+    return summary
+
+
+def _centered_moments(
+    values: np.ndarray, weights: np.ndarray | None, n: float, low: float, high: float
+) -> tuple[float, float]:
+    """Mean and variance of finite values in ``[low, high]``, summed as deviations from the range's midpoint.
+
+    The sketches' rule (:func:`~advmon.stats.sketch_format.binning`): with ``d = x - center``, the mean is
+    ``center + sum(d) / n`` and the variance ``sum(d^2) / n - (sum(d) / n)^2``. Every deviation is
+    within the range, so the rounding errors scale with the range, never with the data's offset,
+    and a constant input has a std of exactly 0. Deviations from a rounded mean instead keep that
+    mean's error squared in the variance: 1e-4 of the std of three values at -1e8 with a spread of
+    1e-6, 4e-6 of that of 60,000 at 1e12 with a spread of 1e-3.
+    """
+    center = low / 2 + high / 2  # halves first: no overflow near the float64 limits
+    deviation = values - center
+    weighted = deviation if weights is None else weights * deviation
+    first = float(weighted.sum()) / n
+    second = float(np.dot(weighted, deviation)) / n
+    return min(max(center + first, low), high), max(second - first * first, 0.0)
+
+
+def _percentiles(n: float, order_statistic) -> dict[str, float]:
+    """NumPy's linear percentiles from a function giving the r-th smallest value."""
+    result = {}
+    for name, q in PERCENTILES:
+        virtual = (n - 1) * q
+        below = math.floor(virtual)
+        above = min(below + 1, int(n) - 1)
+        result[name] = _lerp(order_statistic(below), order_statistic(above), virtual - below)
+    return result
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    """Interpolate exactly as ``numpy.quantile`` does (stable at both ends)."""
+    if a == b:
+        return a
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+def _sketch_summary(parts: list[HostPart]) -> dict[str, float]:
+    return _sketch_summary_and_histogram(parts)[0]
+
+
+def _sketch_summary_and_histogram(
+    parts: list[HostPart],
+) -> tuple[dict[str, float], tuple[int, np.ndarray, int] | None]:
+    """The summary, and the merged histogram it read its percentiles from (``None``: no finite value)."""
+    moments = [_moments(part) for part in parts]
+    totals = np.sum([m[_ADDITIVE] for m in moments], axis=0) if moments else np.zeros(_ABSSUM + 1)
+    summary = _empty_summary(float(totals[_N_VALID]), float(totals[_N_NAN]), float(totals[_N_INF]))
+    n = float(totals[_N_FINITE])
+    if n == 0:
+        return summary, None
+    with_values = [m for m in moments if m[_N_FINITE] > 0]
+    low = min(m[_MIN] for m in with_values)
+    high = max(m[_MAX] for m in with_values)
+    center = low / 2 + high / 2
+    first_sum, second_sum = recentered_sums(
+        ((m[_N_FINITE], m[_CENTER], m[_CSUM], m[_CSUMSQ]) for m in with_values), center
+    )
+    mean_deviation = first_sum / n
+    variance = max(second_sum / n - mean_deviation * mean_deviation, 0.0)
+    summary.update(
+        mean=float(min(max(center + mean_deviation, low), high)),
+        std=math.sqrt(variance),
+        min=float(low),
+        max=float(high),
+        abs_mean=float(totals[_ABSSUM] / n),
+    )
+    level, counts, first = _merged_histogram(parts, low, high)
+    summary.update(_histogram_percentiles(n, counts, first, level, low, high))
+    return summary, (level, counts, first)
+
+
+def _moments(part: HostPart) -> np.ndarray:
+    """The sketch scalars of a part (computed on the host for exact parts)."""
+    if part.kind == "sketch":
+        return part.arrays[0]
+    values, weights = part.arrays
+    valid = weights > 0
+    finite = valid & np.isfinite(values)
+    kept, w = values[finite], weights[finite]
+    scalars = np.zeros(_N_SCALARS)
+    scalars[_N_VALID] = weights[valid].sum()
+    scalars[_N_NAN] = weights[valid & np.isnan(values)].sum()
+    scalars[_N_FINITE] = w.sum()
+    scalars[_N_INF] = scalars[_N_VALID] - scalars[_N_NAN] - scalars[_N_FINITE]
+    scalars[_ABSSUM] = np.dot(w, np.abs(kept))
+    if kept.size:
+        scalars[_MIN], scalars[_MAX] = kept.min(), kept.max()
+        scalars[_CENTER] = scalars[_MIN] / 2 + scalars[_MAX] / 2
+        deviation = kept - scalars[_CENTER]
+        scalars[_CSUM] = np.dot(w, deviation)
+        scalars[_CSUMSQ] = np.dot(w, deviation * deviation)
+    return scalars
+
+
+def _merged_histogram(parts: list[HostPart], low: float, high: float) -> tuple[int, np.ndarray, int]:
+    """All parts' finite values binned at one common level: (level, counts, first bin)."""
+    level = host_level(low, high)
+    for part in parts:
+        if part.kind == "sketch" and part.arrays[0][_N_FINITE] > 0:
+            level = max(level, int(part.arrays[0][_LEVEL]))
+    first = math.floor(math.ldexp(low, -level))
+    size = math.floor(math.ldexp(high, -level)) - first + 1
+    counts = np.zeros(size)
+    for part in parts:
+        if part.kind == "sketch":
+            scalars, histogram = part.arrays
+            if scalars[_N_FINITE] == 0:
+                continue
+            occupied = np.nonzero(histogram)[0]
+            absolute = occupied.astype(np.int64) + np.int64(scalars[_OFFSET])
+            coarse = absolute >> (level - int(scalars[_LEVEL]))
+            counts += np.bincount(coarse - first, weights=histogram[occupied], minlength=size)  # add.at: ~10x slower
+        else:
+            values, weights = part.arrays
+            finite = (weights > 0) & np.isfinite(values)
+            bins = np.floor(np.ldexp(values[finite], -level)).astype(np.int64) - first
+            counts += np.bincount(bins, weights=weights[finite], minlength=size)
+    return level, counts, first
+
+
+def _histogram_percentiles(
+    n: float, counts: np.ndarray, first: int, level: int, low: float, high: float
+) -> dict[str, float]:
+    cumulative = np.cumsum(counts)
+    width = math.ldexp(1.0, level)
+
+    def order_statistic(rank: int) -> float:
+        if rank <= 0:
+            return low
+        if rank >= n - 1:
+            return high
+        b = int(np.searchsorted(cumulative, rank, side="right"))
+        before = cumulative[b - 1] if b else 0.0
+        left = math.ldexp(float(first + b), level)
+        estimate = left + (rank - before + 0.5) / counts[b] * width
+        return min(max(estimate, low, left), high, left + width)
+
+    return _percentiles(n, order_statistic)
