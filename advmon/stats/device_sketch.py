@@ -7,7 +7,7 @@ once and never looks at a value:
 
 1. **Range.** One pass gives the counts (valid, NaN, finite: sums of bool masks,
    exact), the finite valid minimum and maximum, and the sum of ``|x|``.
-2. **Level.** :func:`~advmon.stats.sketch_format.histogram_level` turns the range into
+2. **Level.** :func:`~advmon.stats.sketch_format.binning` turns the range into
    the histogram's bin width and first bin as device tensors.
 3. **Moments and histogram.** A second pass sums the deviations from the range's
    midpoint and their squares in float64 and bins every usable value. Bins are
