@@ -48,7 +48,8 @@ import torch
 
 from advmon.errors import AdvmonConfigError
 from advmon.hooks import ArgumentNames, active_call, tap, watch_with
-from advmon.monitor import Monitor, get_monitor, set_monitor
+from advmon.integrations.patching import process_monitor, restore
+from advmon.monitor import Monitor
 
 __all__ = ["ESTIMATOR", "current_step", "group_size_of", "instrument", "is_instrumented", "normalization_of",
            "uninstrument"]
@@ -140,7 +141,7 @@ def instrument(monitor: Monitor | None = None, *, group_size: int | None = None)
     with _lock:
         if _installed is not None:
             return _installed["monitor"]
-        monitor = _process_monitor() if monitor is None else monitor
+        monitor = process_monitor(current_step) if monitor is None else monitor
         original = PPOActor.__dict__["_compute_advantages"]
         watched = watch_with(_advantage_step(original), monitor,
                              ArgumentNames(rewards="rewards", mask="loss_mask", groups="groups",
@@ -205,24 +206,13 @@ def _remember_step(actor: Any) -> None:
             _version.pop("step", None)
 
 
-def _process_monitor() -> Monitor:
-    from advmon.lifecycle import current_default
-
-    if current_default() is not None:
-        return get_monitor()
-    monitor = Monitor(step_source=current_step)
-    set_monitor(monitor)
-    return monitor
-
-
 def uninstrument() -> None:
     """Undo :func:`instrument`: ``PPOActor._compute_advantages`` and ``Normalization.__call__`` are AReaL's again."""
     global _installed
     with _lock:
         if _installed is None:
             return
-        for owner, attribute, original in _installed["patched"]:
-            setattr(owner, attribute, original)
+        restore(_installed["patched"])
         _installed = None
         _version.clear()
 

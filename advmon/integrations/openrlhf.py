@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from advmon.hooks import ArgumentNames, active_call, tap, watch_with
+from advmon.integrations.patching import restore
 from advmon.monitor import Monitor
 
 __all__ = ["ESTIMATOR", "MAKER", "NORMALIZATION", "instrument", "is_instrumented", "normalization_of", "uninstrument"]
@@ -193,8 +194,7 @@ def uninstrument() -> None:
     with _lock:
         if _installed is None:
             return
-        for owner, attribute, original in _installed["patched"]:
-            setattr(owner, attribute, original)
+        restore(_installed["patched"])
         _installed = None
 
 

@@ -43,6 +43,7 @@ from types import ModuleType
 from typing import Any
 
 from advmon.hooks import ArgumentNames, active_call, is_watched, tap, watch_with
+from advmon.integrations.patching import MISSING, restore
 from advmon.monitor import Monitor
 
 __all__ = ["NORMALIZATION", "PPO_UTILS", "grpo_normalization", "instrument", "is_instrumented", "load_ppo_utils",
@@ -72,7 +73,6 @@ _WHITENING = ("compute_gae_advantage_return", "compute_reinforce_plus_plus_outco
 
 _lock = threading.Lock()
 _installed: dict[str, Any] | None = None
-_MISSING = object()
 
 
 def load_ppo_utils() -> ModuleType:
@@ -133,7 +133,7 @@ def instrument(monitor: Monitor | None = None) -> Monitor | None:
 
 def _wrap_lookup(registry: type, wrappers: dict[int, Any], monitor: Monitor | None) -> tuple[Any, str, Any]:
     """``AdvantageEstimatorRegistry.get`` returns the watched estimator (wrapped on its first lookup)."""
-    own = registry.__dict__.get("get", _MISSING)
+    own = registry.__dict__.get("get", MISSING)
     original = registry.get  # bound to the class
 
     def get(cls: type, name: Any) -> Any:
@@ -185,11 +185,7 @@ def uninstrument() -> None:
     with _lock:
         if _installed is None:
             return
-        for owner, attribute, original in reversed(_installed["patched"]):
-            if original is _MISSING:
-                delattr(owner, attribute)
-            else:
-                setattr(owner, attribute, original)
+        restore(_installed["patched"])
         _installed = None
 
 

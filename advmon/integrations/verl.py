@@ -39,7 +39,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from advmon.hooks import ArgumentNames, active_call, grouped_by, is_watched, scored_by, sliced_by, tap, watch_with
-from advmon.monitor import Monitor, get_monitor, set_monitor
+from advmon.integrations.patching import process_monitor, restore
+from advmon.monitor import Monitor, get_monitor
 
 __all__ = ["NORMALIZATION", "current_step", "install", "instrument", "is_instrumented", "uninstrument"]
 
@@ -107,7 +108,7 @@ def instrument(monitor: Monitor | None = None) -> Monitor:
         installed = _installed
     if installed is not None:
         return installed["monitor"] or get_monitor()  # installed for the process-wide monitor
-    return install(_process_monitor() if monitor is None else monitor)  # type: ignore[return-value]
+    return install(process_monitor(current_step) if monitor is None else monitor)  # type: ignore[return-value]
 
 
 def install(monitor: Monitor | None) -> Monitor | None:
@@ -198,16 +199,6 @@ def _pass_batch_context() -> list[tuple[Any, str, Any]]:
     return [(ray_trainer, "compute_advantage", original)]
 
 
-def _process_monitor() -> Monitor:
-    from advmon.lifecycle import current_default
-
-    if current_default() is not None:
-        return get_monitor()
-    monitor = Monitor(step_source=current_step)
-    set_monitor(monitor)
-    return monitor
-
-
 def _patch_module_attributes(wrappers: dict[int, Any]) -> list[tuple[Any, str, Any]]:
     """Point every attribute of a loaded verl module that holds an estimator at its wrapper."""
     patched = []
@@ -230,8 +221,7 @@ def uninstrument() -> None:
     with _lock:
         if _installed is None:
             return
-        for module, attribute, original in _installed["patched"]:
-            setattr(module, attribute, original)
+        restore(_installed["patched"])
         registry = core_algos.ADV_ESTIMATOR_REGISTRY
         for name, fn in _installed["registry"].items():
             registry[name] = fn
