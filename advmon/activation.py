@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import os
-import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -30,6 +29,7 @@ import advmon.lifecycle as lifecycle
 from advmon.environment import Target, parse_targets
 from advmon.errors import AdvmonConfigError, warn
 from advmon.hooks import instrument, is_watched, watch_with
+from advmon.lifecycle import install_sigterm_flush
 
 __all__ = ["activate", "deactivate", "install_sigterm_flush", "watch_target"]
 
@@ -159,41 +159,3 @@ def deactivate() -> None:
         _finder.pending.clear()
     if _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
-
-
-# ---------------------------------------------------------------- SIGTERM
-
-_sigterm_installed = False
-
-
-def install_sigterm_flush() -> bool:
-    """On SIGTERM, emit the step a ``step_source`` monitor holds and deliver queued records, then
-    do what the signal did before (Ray's handler, or the default: terminate).
-
-    Only the main thread may set a handler; elsewhere this returns ``False``.
-    SIGKILL (``ray.kill``) cannot be caught: call ``advmon.flush()`` first.
-    """
-    global _sigterm_installed
-    if _sigterm_installed:
-        return True
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def flush_then_continue(signum: int, frame: Any) -> None:
-        # In a thread: the interrupted main thread may hold a monitor's lock.
-        budget = lifecycle.exit_budget()
-        flusher = threading.Thread(target=lifecycle.flush_all, args=(budget,), daemon=True,
-                                   name="advmon-sigterm-flush")
-        flusher.start()
-        flusher.join(budget + 1.0)
-        if callable(previous):
-            previous(signum, frame)
-        elif previous != signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, flush_then_continue)
-    _sigterm_installed = True
-    return True
-

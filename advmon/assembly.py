@@ -31,10 +31,11 @@ from advmon.stats import (
     SLICE_FIELDS,
     Histogram,
     HostPart,
+    Transfer,
     host_float64,
     merge_evidence,
     merge_group_counts,
-    pack,
+    start_transfer,
     summarize,
     summarize_with_histogram,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "StepParts",
     "assemble",
     "collect",
+    "cross",
     "combined_source",
     "exemplar_entries",
     "gather_ranks",
@@ -117,21 +119,30 @@ class StepParts:
         self.slices[name] = merged
 
 
-def collect(calls: Sequence[CallParts], problems: list[Problem] | None = None) -> StepParts:
-    """This process's parts of a step, on the host after one transfer.
+def cross(calls: Sequence[CallParts]) -> Transfer:
+    """Start a step's one crossing: every call's device parts and ``[B]``-sized vectors, packed.
+
+    This is the training thread's share of a record; it never waits for a device
+    (:func:`~advmon.stats.start_transfer`). What crosses is advmon's own copy, so the
+    caller may change its tensors once the call returned.
+    """
+    return start_transfer([t for call in calls for t in (*_device_tensors(call), *_vectors(call))])
+
+
+def collect(calls: Sequence[CallParts], problems: list[Problem] | None = None,
+            crossing: Transfer | None = None) -> StepParts:
+    """This process's parts of a step, on the host after one transfer (``crossing``, started now if ``None``).
 
     A device call's ``[B]``-sized vectors cross in the same transfer and are finished
     here (:func:`~advmon.observation.finish_on_host`); what that cannot finish is added
     to ``problems``.
     """
     problems = [] if problems is None else problems
-    crossing = [(_device_tensors(call), list(call.host_work.vectors.values()) if call.host_work else [])
-                for call in calls]
-    arrays = iter(pack([t for own, vectors in crossing for t in (*own, *vectors)]))  # the record's one crossing
+    arrays = iter((cross(calls) if crossing is None else crossing).arrays())
 
     step = StepParts()
-    for call, (own, _) in zip(calls, crossing):
-        own_arrays = iter([next(arrays) for _ in own])
+    for call in calls:
+        own_arrays = iter([next(arrays) for _ in _device_tensors(call)])
         stages = {stage: [HostPart(part.kind, tuple(next(own_arrays) for _ in part.tensors)) for part in parts]
                   for stage, parts in call.stages.items()}
         done = None
@@ -143,6 +154,11 @@ def collect(calls: Sequence[CallParts], problems: list[Problem] | None = None) -
                 problems.append(lost_on_host(exc))
         _add_call(step, call, stages, own_arrays, done)
     return step
+
+
+def _vectors(call: CallParts) -> list[torch.Tensor]:
+    """A device call's ``[B]``-sized vectors, in the order :func:`collect` names them."""
+    return list(call.host_work.vectors.values()) if call.host_work is not None else []
 
 
 def _device_tensors(call: CallParts) -> list[torch.Tensor]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import threading
 import time
 import weakref
@@ -36,11 +37,13 @@ __all__ = [
     "default_monitor",
     "exit_budget",
     "flush_all",
+    "install_sigterm_flush",
     "monitor_of_run",
     "register_run",
     "set_default",
     "set_default_factory",
     "track",
+    "wait_all",
     "untrack",
 ]
 
@@ -185,6 +188,14 @@ def flush_all(timeout: float | None = None) -> None:
             pass
 
 
+def wait_all(timeout: float | None = None) -> None:
+    """Wait until every open monitor's records are finished and given to its sinks (no step is emitted)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for monitor in list(_live):
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        monitor.wait(remaining)
+
+
 def current_default() -> Any:
     """The process-wide default monitor if one is open, without creating one."""
     with _lock:
@@ -197,3 +208,44 @@ def set_default(monitor: Any) -> Any:
     with _lock:
         previous, _default = _default, monitor
     return previous
+
+
+# --------------------------------------------------------------------------- SIGTERM
+
+_sigterm_installed = False
+
+
+def install_sigterm_flush() -> bool:
+    """On SIGTERM, finish the records monitors hold and deliver what is queued, then do what the signal did
+    before: the handler that was there (a framework's, such as Ray's) is called, the default terminates.
+
+    A monitor finishes its records off the training thread, so a job preempted right after
+    a watched call would otherwise lose that call's record; every monitor installs this on
+    first use. Only the main thread may set a handler (elsewhere this returns ``False`` and a
+    later call from the main thread installs it). A handler installed from C (``getsignal``
+    gives ``None``) is never replaced. SIGKILL cannot be caught: call ``advmon.flush()`` first.
+    """
+    global _sigterm_installed
+    if _sigterm_installed:
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    previous = signal.getsignal(signal.SIGTERM)
+    _sigterm_installed = True
+    if previous is None:  # not Python's to chain: leave it alone
+        return False
+
+    def flush_then_continue(signum: int, frame: Any) -> None:
+        # In a thread: the interrupted main thread may hold a monitor's lock.
+        budget = exit_budget()
+        flusher = threading.Thread(target=flush_all, args=(budget,), daemon=True, name="advmon-sigterm-flush")
+        flusher.start()
+        flusher.join(budget + 1.0)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, flush_then_continue)
+    return True

@@ -13,6 +13,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -35,6 +36,7 @@ from advmon.configuration import (
 from advmon.emitter import Delivery
 from advmon.environment import jsonl_path, monitor_settings
 from advmon.errors import AdvmonConfigError, AdvmonError, warn
+from advmon.host_half import HostHalf
 from advmon.hooks import (
     ARGUMENT_NAME_OPTIONS,
     ActiveCall,
@@ -213,10 +215,17 @@ class Monitor:
         #: Whether records carry histograms (``None``: whether a sink takes them).
         self.histograms = any(getattr(s, "histograms", False) for s in self.sinks) if histograms is None else histograms
         self._delivery = Delivery(self.sinks, self.run, policy, _weak_warner(self))
-        # A monitor nobody closes must not leak its threads and files: close its delivery
-        # when it is garbage-collected, on a thread of its own (lifecycle.close_in_background
+        # A record's host half runs on a thread of its own, unless a problem must raise where the call is
+        # (strict) or every rank must take part in the step's gather on its training thread (reduce="ranks").
+        self._synchronous = self.strict or reduce == "ranks"
+        self._host = HostHalf(self.run, _weak_loss_reporter(self))
+        self._deferred_warnings: list[str] = []
+        self._emit_lock = threading.RLock()
+        # A monitor nobody closes must not leak its threads and files: finish its host half and close its
+        # delivery when it is garbage-collected, on a thread of its own (lifecycle.close_in_background
         # says why the collector must not wait); interpreter exit waits for it.
-        self._finalizer = weakref.finalize(self, lifecycle.close_in_background, self._delivery.close,
+        self._finalizer = weakref.finalize(self, lifecycle.close_in_background,
+                                           partial(_close_host_then_delivery, self._host, self._delivery),
                                            min(self.close_timeout, 2.0), f"advmon-close-{self.run}")
         self._finalizer.atexit = False
         replayable = [s for s in self.sinks if not getattr(s, "synchronous", False) and getattr(s, "replayable", True)]
@@ -415,13 +424,18 @@ class Monitor:
 
     @property
     def last_metrics(self) -> dict[str, float]:
-        """The latest record's metrics (``nan`` where unavailable), to merge into a trainer's own."""
-        record = self._last_record
+        """The latest record's metrics (``nan`` where unavailable), to merge into a trainer's own.
+
+        Records are finished off the training thread; reading this waits for the ones
+        still being finished (at most ``close_timeout``; docs/performance.md says what that costs).
+        """
+        record = self.last_record
         return dict(record.metrics) if record is not None else {}
 
     @property
     def last_record(self) -> Record | None:
-        """The latest record, or ``None`` before the first."""
+        """The latest record, or ``None`` before the first (waits for records still being finished)."""
+        self._settle()
         return self._last_record
 
     @property
@@ -439,12 +453,18 @@ class Monitor:
             >>> monitor.should_stop, monitor.stop_reason.alert, monitor.stop_reason.step
             (True, 'AdvmonNonFiniteRewards', 1)
         """
-        return self._stop is not None and self._stop.reason is not None
+        if self._stop is None:
+            return False
+        self._settle()  # a stop decision must not lag the step that fired it
+        return self._stop.reason is not None
 
     @property
     def stop_reason(self) -> AlertEvent | None:
         """The alert that made :attr:`should_stop` true (its name, step, value, description), else ``None``."""
-        return self._stop.reason if self._stop is not None else None
+        if self._stop is None:
+            return None
+        self._settle()
+        return self._stop.reason
 
     @property
     def stop_on(self) -> tuple[str, ...]:
@@ -453,14 +473,37 @@ class Monitor:
 
     @property
     def internal_errors(self) -> int:
-        """How many problems advmon met so far (also ``advmon/internal_errors``)."""
+        """How many problems advmon met so far (also ``advmon/internal_errors``; waits for records being finished)."""
+        self._settle()
         return self._internal_errors
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every record handed over is finished and given to the sinks (at most ``timeout`` seconds,
+        default ``close_timeout``); whether it is.
+
+        Watched calls return as soon as their record's transfer has started: the record
+        is finished, and its JSONL line written, on the monitor's own thread
+        (docs/performance.md). Synchronous sinks (JSONL) then have it; queued sinks
+        (W&B, MLflow, Prometheus) deliver it on their own threads, which :meth:`flush`
+        waits for too. Example:
+
+            >>> monitor = Monitor("doc", sinks=[])
+            >>> monitor.observe(rewards=torch.tensor([1.0, 0.0]))
+            >>> monitor.wait()
+            True
+        """
+        finished = self._host.wait(self.close_timeout if timeout is None else timeout)
+        self._say_deferred()
+        return finished
 
     def flush(self, timeout: float | None = None) -> None:
         """Emit the step a ``step_source`` monitor is still collecting and wait for
         asynchronous sinks to take what is queued (at most ``timeout`` seconds)."""
+        budget = self.close_timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
         self._emit_followed()
-        self._delivery.flush(self.close_timeout if timeout is None else timeout)
+        self._settle(budget)
+        self._delivery.flush(max(deadline - time.monotonic(), 0.0))
 
     def close(self, timeout: float | None = None) -> None:
         """Emit what an open step holds, deliver what is queued (at most ``timeout``
@@ -473,11 +516,18 @@ class Monitor:
             if self._closed:
                 return
             self._closed = True
+        budget = self.close_timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
         for step, calls in self._steps.close_all():
             self._emit(step, calls)
         self._emit_followed()
         self._finalizer.detach()
-        undelivered = self._delivery.close(self.close_timeout if timeout is None else timeout)
+        finished = self._host.stop(budget)
+        self._say_deferred()
+        if not finished:
+            self._warn_sink("host_half_unfinished", f"records of run {self.run} were still being finished when "
+                            f"close() gave up after {budget:g}s; they are lost")
+        undelivered = self._delivery.close(max(deadline - time.monotonic(), 0.0))
         files = [str(sink.path) for sink in self.sinks if isinstance(sink, JsonlSink)]
         where = (
             f"they are in {files[0]}: send them with 'advmon replay {files[0]} --to SPEC'"
@@ -601,13 +651,14 @@ class Monitor:
     # ------------------------------------------------------------------ records
 
     def _add(self, parts: CallParts) -> None:
-        try:
-            complete = self._steps.place(parts)
-        except Exception as exc:  # noqa: BLE001 - the user's step_source failed
-            self._report([Problem("step_source", f"step_source failed: {type(exc).__name__}: {exc}")])
-            return
-        for step, calls in complete:
-            self._emit(step, calls)
+        with self._emit_lock:  # a step's number and its place in the host half's queue go together
+            try:
+                complete = self._steps.place(parts)
+            except Exception as exc:  # noqa: BLE001 - the user's step_source failed
+                self._report([Problem("step_source", f"step_source failed: {type(exc).__name__}: {exc}")])
+                return
+            for step, calls in complete:
+                self._emit(step, calls)
 
     def _emit_followed(self) -> None:
         """Emit the step a ``step_source`` monitor is still collecting, if any."""
@@ -615,17 +666,33 @@ class Monitor:
             self._emit(step, calls)
 
     def _emit(self, step: int, calls: list[CallParts], quiet: bool = False) -> None:
-        if self._stop is None or self.reduce != "ranks":
-            self._emit_record(step, calls, quiet)
-            return
-        try:
-            self._emit_record(step, calls, quiet)
-        finally:  # every rank, every step, whatever happened on rank 0: a collective
-            self._share_stop()
+        with self._emit_lock:
+            if self._stop is None or self.reduce != "ranks":
+                self._emit_record(step, calls, quiet)
+                return
+            try:
+                self._emit_record(step, calls, quiet)
+            finally:  # every rank, every step, whatever happened on rank 0: a collective
+                self._share_stop()
 
     def _emit_record(self, step: int, calls: list[CallParts], quiet: bool) -> None:
+        """The training thread's share of a record: start its one transfer and hand the rest to the host half."""
+        if self._synchronous:
+            self._finish_record(step, calls, None, self._slice_index.folded, quiet)
+            return
         try:
-            record = self._build_record(step, calls, quiet)
+            crossing = assembly.cross(calls)
+        except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the caller's
+            self._report([_internal_problem(exc)], cause=exc, quiet=quiet)
+            return
+        lifecycle.install_sigterm_flush()  # a job stopped with SIGTERM still writes what it handed over
+        self._host.submit(partial(self._finish_record, step, calls, crossing, self._slice_index.folded, quiet))
+        self._say_deferred()
+
+    def _finish_record(self, step: int, calls: list[CallParts], crossing: Any, folded: int, quiet: bool) -> None:
+        """The host half: the record from the crossing, its JSONL line, the other sinks, the stop check."""
+        try:
+            record = self._build_record(step, calls, quiet, crossing, folded)
         except AdvmonError:
             if quiet:
                 return
@@ -673,11 +740,12 @@ class Monitor:
         if reason is not None and self._stop.reason is None:  # type: ignore[union-attr]
             self._stop.reason = reason  # type: ignore[union-attr]
 
-    def _build_record(self, step: int, calls: list[CallParts], quiet: bool) -> Record | None:
+    def _build_record(self, step: int, calls: list[CallParts], quiet: bool, crossing: Any = None,
+                      folded: int = 0) -> Record | None:
         problems: list[Problem] = []  # what the host half of a device call could not finish
         if self.reduce == "ranks":
             try:
-                local = assembly.collect(calls, problems)
+                local = assembly.collect(calls, problems, crossing)
             except Exception as exc:  # noqa: BLE001 - still take part in the gather, or every rank hangs
                 self._report([_internal_problem(exc)], cause=exc, quiet=True)
                 local = assembly.StepParts()
@@ -686,7 +754,7 @@ class Monitor:
             if parts is None or parts.is_empty:
                 return None  # another rank emits; or no rank recorded anything this step
         else:
-            parts = assembly.collect(calls, problems)
+            parts = assembly.collect(calls, problems, crossing)
             self._report(problems, quiet=quiet)
         summaries, histograms = assembly.summaries_of(parts, HISTOGRAM_STAGES if self.histograms else ())
         self._report(assembly.record_problems(summaries, parts), quiet=quiet)
@@ -699,7 +767,7 @@ class Monitor:
                 "check watch(normalization=...) (docs/alerts.md, Normalization kinds)")
         metrics = assembly.assemble(summaries, parts, self.reward_range, verdict)
         if parts.slices:
-            metrics["slices/folded_labels"] = float(self._slice_index.folded)
+            metrics["slices/folded_labels"] = float(folded)  # as the training thread left it at the step's end
         metrics["advmon/internal_errors"] = float(self._internal_errors)  # this step's problems included
         metrics.update(self._delivery.counters())
         return Record(
@@ -732,7 +800,7 @@ class Monitor:
             if kind in self._warned:
                 return
             self._warned.add(kind)
-        warn(f"advmon: {message} [{kind}; not repeated]", stacklevel=2)
+        self._warn(f"advmon: {message} [{kind}; not repeated]", stacklevel=2)
 
     def _report(self, problems: list[Problem], cause: BaseException | None = None, quiet: bool = False) -> None:
         """Count problems, warn once per kind, or raise in strict mode."""
@@ -745,11 +813,43 @@ class Monitor:
         if self.strict and not quiet:
             raise AdvmonError("; ".join(p.message for p in problems)) from cause
         for problem in fresh:
-            warn(
+            self._warn(
                 f"advmon: {problem.message} [{problem.kind}; counted in advmon/internal_errors, "
                 "not repeated]",
                 stacklevel=4,
             )
+
+    def _warn(self, message: str, stacklevel: int) -> None:
+        """Warn now, or, from the host half's thread, at the training thread's next call (where a warning
+        filter that raises cannot stop the record's delivery, and ``pytest.warns`` and logs see it)."""
+        if self._host.on_worker():
+            with self._lock:
+                self._deferred_warnings.append(message)
+            return
+        warn(message, stacklevel=stacklevel + 1)
+
+    def _say_deferred(self) -> None:
+        """Warn what the host half found, on the calling thread."""
+        if not self._deferred_warnings:
+            return
+        with self._lock:
+            messages, self._deferred_warnings = self._deferred_warnings, []
+        for message in messages:
+            warn(message, stacklevel=4)
+
+    def _settle(self, timeout: float | None = None) -> None:
+        """Wait for records still being finished (at most ``timeout``, default twice ``close_timeout``: a record
+        that stops the run waits up to ``close_timeout`` for its notifiers), then warn what they found."""
+        if not self._host.idle:
+            self._host.wait(2 * self.close_timeout if timeout is None else timeout)
+        self._say_deferred()
+
+    def _lose_record(self, exc: BaseException) -> None:
+        """What the host half raised outside a record's own guard: counted and warned, the next record still runs."""
+        with self._lock:
+            self._internal_errors += 1
+        self._warn_sink("host_half", f"a record was lost finishing it off the training thread: "
+                        f"{type(exc).__name__}: {exc}")
 
 
 
@@ -815,6 +915,25 @@ def _internal_problem(exc: BaseException) -> Problem:
 
 #: Kept for compatibility: interpreter exit is :func:`advmon.lifecycle.close_all`.
 close_live_monitors = lifecycle.close_all
+
+
+def _weak_loss_reporter(monitor: Monitor) -> Callable[[BaseException], None]:
+    """The monitor's :meth:`Monitor._lose_record`, without the host half's thread keeping the monitor alive."""
+    reference = weakref.ref(monitor)
+
+    def lose_record(exc: BaseException) -> None:
+        target = reference()
+        if target is not None:
+            target._lose_record(exc)
+
+    return lose_record
+
+
+def _close_host_then_delivery(host: HostHalf, delivery: Delivery, timeout: float) -> dict[str, int]:
+    """A collected monitor's close: what its host half holds first, then its sinks, in one budget."""
+    deadline = time.monotonic() + timeout
+    host.stop(timeout)
+    return delivery.close(max(deadline - time.monotonic(), 0.0))
 
 
 def _weak_warner(monitor: Monitor) -> Callable[[str, str], None]:

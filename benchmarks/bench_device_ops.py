@@ -8,7 +8,9 @@
 2. The host's share, which a GPU cannot take: the exact statistics of B=4096
    unweighted (rewards, pre_norm) and weighted (expand view) values in NumPy, one
    record's packing and assembly, and a whole observed call on 64 samples, where
-   the tensors cost next to nothing. Medians, one intra-op thread.
+   the tensors cost next to nothing: what it costs the training thread (the
+   record is finished on the monitor's own thread) and what it costs with that
+   host half. Medians, one intra-op thread.
 
 Usage: python benchmarks/bench_device_ops.py [--repeats N]
 """
@@ -132,13 +134,33 @@ def host_share(repeats: int) -> list[str]:
         f"  a GRPO record's three summaries (B=4096)     {median_us(lambda: assembly.summaries_of(step)[0], repeats):7.0f} us",
         f"  ... with packing and assembling the record  {median_us(record, repeats):7.0f} us",
     ]
+    def observe():
+        monitor.observe(rewards=small[1], advantages=small[1].unsqueeze(-1).expand(small[2].shape), mask=small[2],
+                        groups=small[0])
+
     for path in (None, "torch"):
         with statistics_path(path):
-            taken = median_us(lambda: monitor.observe(rewards=small[1], advantages=small[1].unsqueeze(-1).expand(
-                small[2].shape), mask=small[2], groups=small[0]), repeats)
-        lines.append(f"  a whole observed call on 64 samples, {path or 'cpu'} path {taken:9.0f} us")
+            training, whole = training_thread_us(observe, monitor, repeats)
+        lines.append(f"  a whole observed call on 64 samples, {path or 'cpu'} path: training thread {training:6.0f} us,"
+                     f" with the host half {whole:6.0f} us")
     monitor.close()
     return lines
+
+
+def training_thread_us(observe: Callable[[], object], monitor: advmon.Monitor, repeats: int) -> tuple[float, float]:
+    """Medians of what a call costs the training thread (the host half idle when it starts, as it is when it keeps
+    up) and of the call and its host half together (until ``monitor.wait()`` returns)."""
+    observe()
+    monitor.wait()
+    training, whole = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        observe()
+        returned = time.perf_counter()
+        monitor.wait()
+        training.append(returned - start)
+        whole.append(time.perf_counter() - start)
+    return statistics.median(training) * 1e6, statistics.median(whole) * 1e6
 
 
 def main() -> None:

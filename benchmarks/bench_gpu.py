@@ -76,10 +76,17 @@ def seconds(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
+def median_ms(fn: Callable[[], object], repeats: int, between: Callable[[], object] | None = None) -> float:
+    """Median milliseconds of ``fn`` and the device work it queued; ``between`` runs outside the timing after
+    each (a monitor's ``wait``: its host half, off the training thread, keeps up rather than piling up)."""
     fn()
     fn()  # Triton compiles on the first call of each specialisation
-    return statistics.median(seconds(fn) for _ in range(repeats)) * 1e3
+    taken = []
+    for _ in range(repeats):
+        if between is not None:
+            between()
+        taken.append(seconds(fn))
+    return statistics.median(taken) * 1e3
 
 
 def kernels_launched(fn: Callable[[], object]) -> int | str:
@@ -194,7 +201,7 @@ def watched_call_figures(repeats: int, rows: int, cols: int) -> list[str]:
                 watched = monitor.watch(estimator)
                 with statistics_path(path):
                     bare = median_ms(lambda: estimator(prompts, rewards, mask), repeats)
-                    total = median_ms(lambda: watched(prompts, rewards, mask), repeats)
+                    total = median_ms(lambda: watched(prompts, rewards, mask), repeats, between=monitor.wait)
                     synced = syncs(lambda: watched(prompts, rewards, mask))
                     launched = kernels_launched(lambda: watched(prompts, rewards, mask))
                 added = total - bare

@@ -64,6 +64,33 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+class SettledRecords(list):
+    """A sink's records as a reader after ``monitor.wait()`` sees them: every read first waits for the records
+    open monitors are still finishing off the caller's thread (a list kept from before a call stays live)."""
+
+    def _settled(self) -> SettledRecords:
+        advmon.lifecycle.wait_all()
+        return self
+
+    def __len__(self) -> int:
+        return super(SettledRecords, self._settled()).__len__()
+
+    def __getitem__(self, index):
+        return super(SettledRecords, self._settled()).__getitem__(index)
+
+    def __iter__(self):
+        return super(SettledRecords, self._settled()).__iter__()
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __eq__(self, other) -> bool:
+        return list(self) == other
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
 class ListSink(advmon.Sink):
     """A real sink that keeps records in memory."""
 
@@ -71,8 +98,13 @@ class ListSink(advmon.Sink):
     synchronous = True
 
     def __init__(self) -> None:
-        self.records: list[Record] = []
+        self.records = SettledRecords()
         self.closed = False
+
+    @property
+    def written(self) -> list[Record]:
+        """The records written so far, without waiting."""
+        return list.copy(self.records)
 
     def write(self, record: Record) -> None:
         self.records.append(record)

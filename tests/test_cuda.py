@@ -1,4 +1,4 @@
-"""advmon on a CUDA device: exact statistics on both device paths, one sync per record, few kernels.
+"""advmon on a CUDA device: exact statistics on both device paths, no sync on the training thread, few kernels.
 
 Skipped without CUDA (CPU tensors cover the same paths in test_device_paths.py and,
 through Triton's interpreter, test_triton_kernels.py); ``make bench-gpu`` runs this
@@ -76,21 +76,18 @@ def test_sketched_moments_hold_on_their_own_scale_on_cuda_whatever_the_offset(pa
 
 
 class TransferCounter:
-    """Makes every synchronizing CUDA call an error, except advmon's one transfer per record, which it counts."""
+    """Makes every synchronizing CUDA call an error and counts the records' transfers started (none may sync)."""
 
     def __init__(self, monkeypatch):
         self.transfers = 0
-        original = transfer.to_host_array
+        original = transfer.start_transfer
 
-        def counted(flat):
-            self.transfers += flat.device.type == "cuda"
-            torch.cuda.set_sync_debug_mode(0)
-            try:
-                return original(flat)
-            finally:
-                torch.cuda.set_sync_debug_mode("error")
+        def counted(tensors):
+            self.transfers += any(t.device.type == "cuda" for t in tensors)
+            return original(tensors)
 
-        monkeypatch.setattr(transfer, "to_host_array", counted)
+        monkeypatch.setattr(transfer, "start_transfer", counted)
+        monkeypatch.setattr(advmon.assembly, "start_transfer", counted)
 
     def __enter__(self):
         torch.cuda.synchronize()
@@ -116,13 +113,16 @@ def sync_free_dense(prompt_ids, rewards, mask):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("estimator", [sync_free_grpo, sync_free_dense], ids=["grpo-expand-view", "dense"])
-def test_one_watched_call_syncs_once_and_a_chunked_step_once(path, estimator, sink, monkeypatch):
+def test_a_watched_call_never_syncs_the_training_thread_and_a_step_crosses_once(path, estimator, sink, monkeypatch):
+    """The record's one copy is non_blocking into pinned memory; the host half waits for its event, off the
+    training thread (sync debug mode "error" around the calls: any sync on the training thread raises)."""
     prompts, rewards, mask = (t.cuda() for t in grpo_inputs(64, 8, 512))
     with advmon.Monitor("syncs", sinks=[sink]) as monitor, statistics_path(path):
         watched = monitor.watch(estimator)
         watched(prompts, rewards, mask)  # compiles the kernels, outside the count
+        monitor.wait()
         with TransferCounter(monkeypatch) as counter:
-            watched(prompts, rewards, mask)
+            advantages = watched(prompts, rewards, mask)
         assert counter.transfers == 1
         with TransferCounter(monkeypatch) as counter:
             with monitor.step(10):
@@ -130,7 +130,9 @@ def test_one_watched_call_syncs_once_and_a_chunked_step_once(path, estimator, si
                 watched(prompts[256:], rewards[256:], mask[256:])
         assert counter.transfers == 1
         assert monitor.internal_errors == 0
-    assert [r.step for r in sink.records][-1] == 10
+    assert [r.step for r in sink.records][-2:] == [1, 10]
+    check_record(sink.records[-2].metrics, rewards=rewards.cpu(), advantages=advantages.cpu(), mask=mask.cpu(),
+                 keys=group_keys(prompts.cpu().numpy()))
 
 
 def _extras(estimator, rewards: torch.Tensor, mask: torch.Tensor) -> dict:

@@ -110,6 +110,7 @@ def test_the_dropped_record_counter_never_lags():
         monitor = advmon.Monitor("drops", sinks=[advmon.JsonlSink("/dev/null"), Stuck(), Keep()], queue_size=1)
         for _ in range(5):
             monitor.observe(rewards=torch.ones(2))
+        monitor.wait()  # every record handed to the sinks' queues while the gate holds the first
         gate.set()
         monitor.close()
     # Record 0 is taken by the worker, record 1 waits in the queue; each later one drops one.
@@ -259,7 +260,8 @@ def test_monitors_never_closed_leak_no_thread_and_no_file(tmp_path):
             pass
 
     def advmon_threads() -> int:
-        return sum(1 for t in threading.enumerate() if t.name.startswith("advmon-sink-leak"))
+        # Its sinks' threads and its host half's (advmon-host-leak-<i>), which the finalizer ends too.
+        return sum(1 for t in threading.enumerate() if t.name.startswith(("advmon-sink-leak", "advmon-host-leak")))
 
     def open_run_files() -> int:
         links = []
@@ -349,6 +351,9 @@ def test_collecting_an_unclosed_monitor_does_not_wait_for_its_sinks(tmp_path):
         for step in range(3):
             with monitor.step(step):
                 monitor.observe(rewards=torch.ones(2))
+        # A record being finished off the training thread holds its monitor until it is (none is lost); the
+        # queued sink still holds record 0 after that.
+        monitor.wait()
         del monitor
         gc.collect()
         # The collection returned while the sink still holds record 0, which nothing releases yet: it did

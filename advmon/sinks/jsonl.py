@@ -43,7 +43,7 @@ class JsonlSink(Sink):
     name = "jsonl"
     #: Records carry their advantages' histograms for it: the report draws them (a few hundred bytes a line).
     histograms = True
-    synchronous = True  # written first, on the training thread: the record of record
+    synchronous = True  # written first, before any queued sink takes the record: the record of record
 
     #: Sinks of this process with a file open: a second sink on one of their files joins it (two monitors of one
     #: run), rather than moving it aside.
@@ -56,6 +56,7 @@ class JsonlSink(Sink):
         self._file: IO[str] | None = None
         self._lock = threading.Lock()
         self._started = False
+        _sinks.add(self)
 
     def write(self, record: Record) -> None:
         line = record.to_json() + "\n"
@@ -192,3 +193,25 @@ def one_history(records: list[Record], source: str) -> list[Record]:
     kept = set(latest.values())
     return [record for index, record in enumerate(records) if index in kept]
 
+
+# A record's line is written on the monitor's own thread (advmon.host_half). A process that forks while a line is
+# half in the file object's buffer would give its child a copy of that half to flush again at the child's exit,
+# tearing the parent's file, and a copy of a lock nobody releases. Forking waits for the line being written.
+_sinks: weakref.WeakSet[JsonlSink] = weakref.WeakSet()
+_held: list[threading.Lock] = []
+
+
+def _hold_lines() -> None:
+    _held[:] = [sink._lock for sink in list(_sinks)]
+    for lock in _held:
+        lock.acquire()
+
+
+def _release_lines() -> None:
+    for lock in reversed(_held):
+        lock.release()
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_hold_lines, after_in_parent=_release_lines, after_in_child=_release_lines)

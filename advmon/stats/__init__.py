@@ -103,7 +103,7 @@ from advmon.stats.rows import RowSummary, row_summaries, row_valid_counts, value
 from advmon.stats.sketch_format import SKETCH_BINS, HostPart, Part, host_level
 from advmon.stats.slices import SLICE_FIELDS, SliceIndex, slice_name, slice_table
 from advmon.stats.summaries import PERCENTILES, VALUE_KEYS, summarize, summarize_with_histogram
-from advmon.stats.transfer import pack, to_host, to_host_array
+from advmon.stats.transfer import Transfer, pack, start_transfer, to_host, to_host_array
 
 __all__ = [
     # the record's statistics
@@ -114,9 +114,11 @@ __all__ = [
     "VALUE_KEYS",
     "HostPart",
     "Part",
+    "Transfer",
     "dense_part",
     "host_level",
     "pack",
+    "start_transfer",
     "statistics_threads",
     "summarize",
     "summarize_with_histogram",
