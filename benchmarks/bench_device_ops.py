@@ -34,6 +34,7 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 import advmon  # noqa: E402
+import advmon.stats.triton_rows  # noqa: E402
 import advmon.stats.triton_sketch  # noqa: E402
 from advmon import assembly  # noqa: E402
 from advmon.stats import summaries  # noqa: E402
@@ -42,7 +43,7 @@ from advmon.observation import observe_call, tensor_part  # noqa: E402
 from tests.dispatch import Dispatched  # noqa: E402
 from tests.test_device_paths import grpo_inputs  # noqa: E402
 
-LAUNCHES = {"triton_part": 4}
+LAUNCHES = {"triton_part": 4, "triton_row_hashes": 1, "triton_row_counts": 1}
 # The interpreter computes masked-out lanes too (inf - inf) with NumPy.
 warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
 
@@ -52,7 +53,7 @@ class TritonLaunches:
 
     def __init__(self) -> None:
         self.launched = 0
-        for module in (advmon.stats.triton_sketch,):
+        for module in (advmon.stats.triton_sketch, advmon.stats.triton_rows):
             for name, kernels in LAUNCHES.items():
                 if hasattr(module, name):
                     setattr(module, name, self._counted(getattr(module, name), kernels))

@@ -62,6 +62,7 @@ def test_a_full_queue_drops_the_oldest_for_the_slow_sink_only(sink):
         assert slow.entered.wait(60)  # the worker holds record 0 at the closed gate
         for _ in range(9):
             monitor.observe(rewards=torch.ones(2))
+        monitor.wait()  # all nine handed to the queues (off this thread) while the gate holds record 0
         gate.set()
         monitor.flush(timeout=60)
         monitor.observe(rewards=torch.ones(2))

@@ -300,6 +300,7 @@ def test_an_instance_can_report_to_another_monitor_than_its_class(sink):
     special = advmon.instrument(Local(), instance_monitor)
     special.compute_advantage(*make_batch())
     Local().compute_advantage(*make_batch())
+    class_monitor.wait(), instance_monitor.wait()  # records are finished off the calling thread
     assert (len(class_sink), len(instance_sink)) == (1, 1)
     with pytest.raises(advmon.AdvmonConfigError, match="unknown argument name"):
         advmon.instrument(Local(), class_monitor, reward="r")

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from advmon.stats.devices import host_float64, sync_free, to_device
+from advmon.stats.devices import attempt_triton, host_float64, path_for, sync_free, to_device
 
 __all__ = [
     "GROUP_COUNT_FIELDS",
@@ -221,7 +221,10 @@ def device_group_vector(groups: torch.Tensor) -> torch.Tensor:
         True
     """
     if groups.dim() == 2:
-        return _row_hashes(groups).view(torch.float64)
+        hashes = None
+        if path_for(groups.device) == "triton":
+            hashes = attempt_triton(lambda: _triton_row_hashes(groups), groups.device)
+        return (_row_hashes(groups) if hashes is None else hashes).view(torch.float64)
     if groups.is_floating_point():
         return groups.to(torch.float64, copy=True)
     return groups.to(torch.int64, copy=True).view(torch.float64)
@@ -291,6 +294,13 @@ def _row_hashes(rows: torch.Tensor) -> torch.Tensor:
     mixed ^= (mixed >> 31) & 0x1FFFFFFFF  # a logical shift: torch shifts int64 arithmetically
     mixed *= _MIX
     return mixed.sum(dim=1)
+
+
+def _triton_row_hashes(rows: torch.Tensor) -> torch.Tensor:
+    """:func:`_row_hashes` in one kernel (:mod:`advmon.stats.triton_rows`), bit for bit."""
+    from advmon.stats.triton_rows import triton_row_hashes  # imports triton: only where it is used
+
+    return triton_row_hashes(rows.detach(), _column_weights(rows.shape[1], rows.device), _MIX)
 
 
 def _column_weights(columns: int, device: torch.device) -> torch.Tensor:

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from advmon.stats.devices import host_float64, sync_free
+from advmon.stats.devices import attempt_triton, host_float64, path_for, sync_free
 from advmon.stats.prefix_sketch import indicator_chunks
 
 __all__ = ["RowSummary", "row_summaries", "row_valid_counts", "value_summaries"]
@@ -232,6 +232,10 @@ def row_valid_counts(mask: torch.Tensor) -> torch.Tensor:
         [1.0]
     """
     mask = mask.detach()
+    if path_for(mask.device) == "triton":  # one kernel where the torch path takes five ops
+        counts = attempt_triton(lambda: _triton_row_counts(mask), mask.device)
+        if counts is not None:
+            return counts
     if sync_free(mask):
         # gt(bool, 0) would widen a bool mask to int64 first: a bool mask already says which count.
         return _counts_without_copies(mask if mask.dtype == torch.bool else torch.gt(mask, 0))
@@ -246,6 +250,12 @@ def row_valid_counts(mask: torch.Tensor) -> torch.Tensor:
 
 #: Most entries a uint8 sum can count without overflowing.
 _BYTE_SPAN = 255
+
+
+def _triton_row_counts(mask: torch.Tensor) -> torch.Tensor:
+    from advmon.stats.triton_rows import triton_row_counts  # imports triton: only where it is used
+
+    return triton_row_counts(mask)
 
 
 def _counts_without_copies(valid: torch.Tensor) -> torch.Tensor:
