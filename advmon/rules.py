@@ -139,8 +139,22 @@ THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
         "stale_seconds",
         900.0,
-        "seconds without a record before a run counts as stopped (Prometheus only)",
+        "seconds without a record before a live run counts as hung (Prometheus only)",
         "15 minutes: longer than a slow step of a large recipe, shorter than an on-call shift's patience",
+    ),
+    Threshold(
+        "silent_seconds",
+        180.0,
+        "seconds without a sign of life (a scrape of its endpoint, a push) before an unfinished run counts as "
+        "crashed (Prometheus only)",
+        "three times the Pushgateway sink's 30 s heartbeat and a 60 s scrape interval: one missed scrape or push "
+        "is not a crash",
+    ),
+    Threshold(
+        "crash_memory_seconds",
+        3600.0,
+        "how far back Prometheus looks for a run that vanished (a crashed scrape target's alert resolves after it)",
+        "an hour: long enough for on-call to see it, short enough to keep the lookback cheap",
     ),
 )
 
@@ -154,7 +168,7 @@ class Thresholds(Mapping[str, float]):
         >>> Thresholds.with_overrides({"zero_std": 1})
         Traceback (most recent call last):
         ...
-        advmon.errors.AdvmonConfigError: unknown threshold 'zero_std'; known: bound_factor, zero_std_ratio, scale_collapse_ratio, scale_spike_ratio, mean_drift, reward_drop_stds, trailing_records, min_history_records, stale_seconds
+        advmon.errors.AdvmonConfigError: unknown threshold 'zero_std'; known: bound_factor, zero_std_ratio, scale_collapse_ratio, scale_spike_ratio, mean_drift, reward_drop_stds, trailing_records, min_history_records, stale_seconds, silent_seconds, crash_memory_seconds
     """
 
     def __init__(self, values: Mapping[str, float]) -> None:
@@ -467,6 +481,8 @@ class Rule:
     evaluate: Evaluate | None  # None: Prometheus only
     extra_labels: tuple[str, ...] = ()
     recording: tuple[str, ...] = field(default=())  # recording rules the expression reads
+    #: A threshold (seconds) to look back for the run's last step: a rule about a run that vanished.
+    step_lookback: str = ""
 
     @property
     def runbook_anchor(self) -> str:
@@ -673,8 +689,33 @@ def _prom_reward_collapse(t: Thresholds, ctx: PromContext) -> str:
     )
 
 
-def _prom_stale(t: Thresholds, ctx: PromContext) -> str:
-    return f"time() - {ctx.metric('advmon_last_update_timestamp_seconds')} > {format_number(t['stale_seconds'])}"
+def _prom_crashed(t: Thresholds, ctx: PromContext) -> str:
+    """Last seen alive more than ``silent_seconds`` ago, and not finished; its value: seconds since then.
+
+    The heartbeat is the time of the last scrape of the run's endpoint (gone with the process) or of the
+    Pushgateway sink's last push (kept by the gateway, frozen when the process dies). Not crashed: a run
+    last seen finished; a run alive again now (resumed, on another node); a run whose Pushgateway group was
+    deleted (``delete_on_close``: the gateway's own ``push_time_seconds`` vanished with it).
+    """
+    memory, silent = ctx.duration(t["crash_memory_seconds"]), format_number(t["silent_seconds"])
+    heartbeat, finished = ctx.metric("advmon_heartbeat_timestamp_seconds"), ctx.metric("advmon_run_finished")
+    pushed = ctx.metric("push_time_seconds")
+    return (
+        f"time() - last_over_time({heartbeat}[{memory}]) > {silent}"
+        f" unless on (job, instance, run) last_over_time({finished}[{memory}]) == 1"
+        f" unless on (run) (time() - {heartbeat} <= {silent})"
+        f" unless on (run) (last_over_time({pushed}[{memory}]) unless on (run) {pushed})"
+    )
+
+
+def _prom_hung(t: Thresholds, ctx: PromContext) -> str:
+    """No record for ``stale_seconds`` while alive (a heartbeat within ``silent_seconds``) and not finished."""
+    heartbeat, finished = ctx.metric("advmon_heartbeat_timestamp_seconds"), ctx.metric("advmon_run_finished")
+    return (
+        f"time() - {ctx.metric('advmon_last_update_timestamp_seconds')} > {format_number(t['stale_seconds'])}"
+        f" and on (job, instance, run) (time() - {heartbeat} <= {format_number(t['silent_seconds'])})"
+        f" unless on (job, instance, run) {finished} == 1"
+    )
 
 
 def _prom_counter(name: str) -> PromQL:
@@ -827,13 +868,25 @@ CATALOG: tuple[Rule, ...] = (
         recording=(REWARD_MEAN_MEDIAN, REWARD_STD_MEDIAN, TRAILING_COUNT),
     ),
     Rule(
-        name="AdvmonRunStoppedReporting",
-        severity="warning",
-        summary="A run stopped sending advmon records",
-        description="Run {run}: no record for {value} seconds; the last was step " + _STEP + ".",
+        name="AdvmonRunCrashed",
+        severity="critical",
+        summary="A run is gone without finishing: its process died, was killed, or its node was lost",
+        description="Run {run}: last seen alive {value} seconds ago and it did not finish (last step " + _STEP + ").",
         for_records=1,
-        thresholds=("stale_seconds",),
-        promql=_prom_stale,
+        thresholds=("silent_seconds", "crash_memory_seconds"),
+        promql=_prom_crashed,
+        evaluate=None,
+        step_lookback="crash_memory_seconds",
+    ),
+    Rule(
+        name="AdvmonRunHung",
+        severity="warning",
+        summary="A run is alive but sends no advmon records",
+        description="Run {run}: no record for {value} seconds while its process is alive; the last was step "
+                    + _STEP + ".",
+        for_records=1,
+        thresholds=("stale_seconds", "silent_seconds"),
+        promql=_prom_hung,
         evaluate=None,
     ),
     Rule(

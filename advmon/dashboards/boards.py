@@ -93,10 +93,10 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
             PanelSpec(
                 "Seconds since the last record",
                 f"Time since the most stale selected run last reported. Red from {t['stale_seconds']:g} s "
-                "(AdvmonRunStoppedReporting).",
+                "(AdvmonRunHung).",
                 "s", [Query(f'time() - min({m("advmon_last_update_timestamp_seconds")})', "age")], kind="stat",
                 width=4, height=5, thresholds=red_from(t["stale_seconds"]),
-                links=[_runbook(runbook_base, "AdvmonRunStoppedReporting")],
+                links=[_runbook(runbook_base, "AdvmonRunHung")],
             ),
             PanelSpec(
                 "Current step",
