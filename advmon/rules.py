@@ -23,7 +23,7 @@ Example:
     >>> thresholds["zero_std_ratio"], thresholds["bound_factor"]
     (0.9, 3.0)
     >>> [rule.name for rule in CATALOG if rule.severity == "critical"]
-    ['AdvmonNonFiniteRewards', 'AdvmonNonFiniteAdvantages', 'AdvmonAdvantageBeyondBound', 'AdvmonRewardFunctionNonFinite']
+    ['AdvmonNonFiniteRewards', 'AdvmonNonFiniteAdvantages', 'AdvmonAdvantageBeyondBound', 'AdvmonRewardFunctionNonFinite', 'AdvmonRunCrashed']
 """
 
 from __future__ import annotations
@@ -642,6 +642,60 @@ def recording_rules(t: Thresholds, ctx: PromContext) -> list[tuple[str, str]]:
         (POST_STD_MEDIAN, median("advmon_advantage_std", stage="post_norm")),
         (REWARD_MEAN_MEDIAN, median("advmon_reward_mean")),
         (REWARD_STD_MEDIAN, median("advmon_reward_std")),
+    ]
+
+
+#: Fleet recording rules (``level:metric:operations``): a run's figure over its ranks (``run:``, the ranks'
+#: series differ by ``instance``) and a job's over its live runs (``job:``, every label but ``instance`` and
+#: ``run`` kept, so a ``team`` label stays). A ratio is a sum of counts over a sum of counts, never a mean
+#: of ratios: a run of 10 groups weighs a tenth of one of 100.
+RUN_STEP = "run:advmon_step:max"
+RUN_LAST_UPDATE = "run:advmon_last_update_timestamp_seconds:max"
+RUN_ABS_MAX = "run:advmon_advantage_abs_max:max"
+RUN_BOUND_RATIO = "run:advmon_advantage_bound_ratio:max"
+RUN_ZERO_STD = "run:advmon_zero_std_groups:ratio"
+RUN_NONFINITE = "run:advmon_nonfinite_values:increase1h"
+JOB_ZERO_STD = "job:advmon_zero_std_groups:ratio"
+JOB_ALL_FAIL = "job:advmon_group_all_fail:ratio"
+JOB_ALL_PASS = "job:advmon_group_all_pass:ratio"
+JOB_NONFINITE = "job:advmon_nonfinite_values:increase1h"
+JOB_LIVE_RUNS = "job:advmon_live_runs:count"
+
+
+def fleet_recording_rules(t: Thresholds, ctx: PromContext) -> list[tuple[str, str]]:
+    """``(record, expr)`` pairs of the fleet board and of alerts that aggregate a run's ranks.
+
+    Example:
+        >>> rules = dict(fleet_recording_rules(Thresholds.with_overrides(), PromContext(ray_prefix=False)))
+        >>> rules["job:advmon_zero_std_groups:ratio"].split(" / ")[0]
+        'sum without (instance, run) (advmon_zero_std_groups >= 0 and on (job, instance, run) (time() - advmon_heartbeat_timestamp_seconds <= 180))'
+    """
+    metric = ctx.metric
+    live = f"on (job, instance, run) (time() - {metric('advmon_heartbeat_timestamp_seconds')} <= " \
+           f"{format_number(t['silent_seconds'])})"
+    zero, comparable = metric("advmon_zero_std_groups"), metric("advmon_comparable_groups")
+    nonfinite = f"increase({metric('advmon_nonfinite_values_total')}[1h])"
+
+    def job_ratio(fraction: str) -> str:
+        """A fraction's numerator is fraction x denominator, exactly (the record divides the same counts)."""
+        numerator = f"sum without (instance, run) (({fraction} >= 0) * {comparable} and {live})"
+        denominator = f"sum without (instance, run) ({comparable} > 0 and ({fraction} >= 0) and {live})"
+        return f"{numerator} / {denominator}"
+
+    return [
+        (RUN_STEP, f"max without (instance) ({metric('advmon_step')})"),
+        (RUN_LAST_UPDATE, f"max without (instance) ({metric('advmon_last_update_timestamp_seconds')})"),
+        (RUN_ABS_MAX, f"max without (instance) ({metric('advmon_advantage_abs_max')})"),
+        (RUN_BOUND_RATIO, f"max without (instance) ({metric('advmon_advantage_bound_ratio')})"),
+        (RUN_ZERO_STD, f"sum without (instance) ({zero} >= 0) / sum without (instance) ({comparable} > 0)"),
+        (RUN_NONFINITE, f"sum without (instance, kind) ({nonfinite})"),
+        (JOB_ZERO_STD, f"sum without (instance, run) ({zero} >= 0 and {live})"
+                       f" / sum without (instance, run) ({comparable} > 0 and {live})"),
+        (JOB_ALL_FAIL, job_ratio(metric("advmon_group_all_fail_ratio"))),
+        (JOB_ALL_PASS, job_ratio(metric("advmon_group_all_pass_ratio"))),
+        (JOB_NONFINITE, f"sum without (instance, run, kind) ({nonfinite} and {live})"),
+        (JOB_LIVE_RUNS, f"count without (instance, run) (max without (instance) ("
+                        f"time() - {metric('advmon_heartbeat_timestamp_seconds')} <= {format_number(t['silent_seconds'])}))"),
     ]
 
 

@@ -44,6 +44,8 @@ def expected_series(record, totals):
         "advmon_reward_std": m["rewards/std"],
         "advmon_zero_std_group_ratio": m["groups/zero_std_fraction"],
         "advmon_groups": m["groups/count"],
+        "advmon_comparable_groups": m["groups/comparable_count"],
+        "advmon_zero_std_groups": m["groups/zero_std_count"],
         "advmon_step": float(record.step),
         "advmon_last_update_timestamp_seconds": record.time,
         "advmon_updates_total": totals["updates"],

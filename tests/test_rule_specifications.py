@@ -279,3 +279,32 @@ def run_promtool(tmp_path: Path, series: dict[str, str], checks: list[dict]) -> 
     done = subprocess.run([require_binary("promtool"), "test", "rules", "spec-test.yml"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@pytest.mark.integration
+def test_fleet_ratios_are_sums_of_counts_over_sums_of_counts(tmp_path):
+    """job:advmon_zero_std_groups:ratio over live runs and run:advmon_zero_std_groups:ratio over a run's ranks.
+
+    a: 90 zero-std of 100 comparable groups (0.9); b: 0 of 10 (0.0); c on two ranks: 30 of 30 and 0 of 10.
+    The job: (90 + 0 + 30 + 0) / (100 + 10 + 30 + 10) = 120 / 150 = 0.8 (a mean of the runs' ratios would give
+    (0.9 + 0 + 0.75) / 3 = 0.55, of the series' (0.9 + 0 + 1 + 0) / 4 = 0.475). Run c: 30 / 40 = 0.75, not 0.5.
+    d (5 of 1000) stopped pushing at t = 0: at 300 s its heartbeat is 300 s old (> silent_seconds 180), not live.
+    """
+    rows = (("a", "n1", 100, 90, True), ("b", "n2", 10, 0, True), ("c", "n3", 30, 30, True), ("c", "n4", 10, 0, True),
+            ("d", "n5", 1000, 5, False))
+    series = {}
+    for run, instance, comparable, zero, alive in rows:
+        labels = f'instance="{instance}",job="grpo",run="{run}"'
+        series[f"advmon_comparable_groups{{{labels}}}"] = f"{comparable}x5"
+        series[f"advmon_zero_std_groups{{{labels}}}"] = f"{zero}x5"
+        series[f"advmon_zero_std_group_ratio{{{labels}}}"] = f"{zero / comparable}x5"
+        series[f"advmon_heartbeat_timestamp_seconds{{{labels}}}"] = "0+60x5" if alive else "0x5"
+    checks = [
+        {"expr": "job:advmon_zero_std_groups:ratio", "eval_time": "5m",
+         "exp_samples": [{"labels": 'job:advmon_zero_std_groups:ratio{job="grpo"}', "value": 0.8}]},
+        {"expr": 'run:advmon_zero_std_groups:ratio{run="c"}', "eval_time": "5m",
+         "exp_samples": [{"labels": 'run:advmon_zero_std_groups:ratio{job="grpo",run="c"}', "value": 0.75}]},
+        {"expr": "job:advmon_live_runs:count", "eval_time": "5m",
+         "exp_samples": [{"labels": 'job:advmon_live_runs:count{job="grpo"}', "value": 3}]},
+    ]
+    run_promtool(tmp_path, series, checks)

@@ -31,6 +31,7 @@ from advmon.rules import (
     format_duration,
     format_number,
     group_bound,
+    fleet_recording_rules,
     recording_rules,
     runbook_link,
 )
@@ -129,7 +130,8 @@ class AlertSettings:
 
 
 def prometheus_rules(settings: AlertSettings) -> dict[str, Any]:
-    """The rule file as data: one group, recording rules first (read by the alerts at the same evaluation)."""
+    """The rule file as data: the alerts' group (its recording rules first, read by the alerts at the same
+    evaluation), then the fleet's recording rules (:func:`advmon.rules.fleet_recording_rules`)."""
     ctx, t = settings.context, settings.thresholds
     entries: list[dict[str, Any]] = [{"record": name, "expr": expr} for name, expr in recording_rules(t, ctx)]
     for rule in CATALOG:
@@ -141,7 +143,9 @@ def prometheus_rules(settings: AlertSettings) -> dict[str, Any]:
         entry["annotations"] = settings.annotations(rule)
         entries.append(entry)
     group = {"name": "advmon", "interval": format_duration(settings.interval_seconds), "rules": entries}
-    return {"groups": [group]}
+    fleet = {"name": "advmon-fleet", "interval": format_duration(settings.interval_seconds),
+             "rules": [{"record": name, "expr": expr} for name, expr in fleet_recording_rules(t, ctx)]}
+    return {"groups": [group, fleet]}
 
 
 def dump_yaml(data: Any, header: str = "") -> str:
@@ -168,6 +172,8 @@ def _gauges() -> list[tuple[str, str, dict[str, str]]]:
     gauges += [
         ("groups/zero_std_fraction", "advmon_zero_std_group_ratio", {}),
         ("groups/count", "advmon_groups", {}),
+        ("groups/comparable_count", "advmon_comparable_groups", {}),
+        ("groups/zero_std_count", "advmon_zero_std_groups", {}),
         ("groups/max_size", "advmon_group_max_size", {}),
         ("groups/bound_size", "advmon_group_bound_size", {}),
         ("advantages/bound_ratio", "advmon_advantage_bound_ratio", {}),
@@ -444,6 +450,7 @@ def promtool_tests(settings: AlertSettings, rules_path: str = f"../{RULES_FILE}"
                 ],
             }
         )
+    tests.append(_fleet_test(settings))
     kinds = _normalization_kinds_test(settings)
     if kinds is not None:
         tests.append(kinds)
@@ -635,5 +642,72 @@ def _run_state_test(rules: Sequence[Rule], settings: AlertSettings) -> dict[str,
         "interval": format_duration(interval),
         "input_series": series,
         "alert_rule_test": alert_tests,
+        "promql_expr_test": checks,
+    }
+
+
+#: The fleet test's series: (run, instance, comparable groups, zero-std groups, all-fail ratio, all-pass ratio,
+#: post-norm |A| max, step, alive). "ranks" is one run on two ranks; "gone" crashed long ago (its heartbeat froze).
+_FLEET_SERIES = (
+    ("big", "node-1:9464", 100, 90, 0.5, 0.1, 2.5, 10, True),
+    ("small", "node-2:9464", 10, 0, 0.1, 0.9, 1.0, 12, True),
+    ("ranks", "node-3:9464", 30, 30, 0.2, 0.0, 1.5, 7, True),
+    ("ranks", "node-4:9464", 10, 0, 0.6, 0.3, 4.0, 8, True),
+    ("gone", "node-5:9464", 1000, 0, 0.0, 0.0, 9.0, 3, False),
+)
+
+
+def _fleet_test(settings: AlertSettings) -> dict[str, Any]:
+    """The fleet's ratios are sums of counts over sums of counts over the live runs (0.8 here, where a mean of
+    the runs' ratios gives 0.55), a run's are over its ranks (0.75, not 0.5), its |A| and step the ranks' max."""
+    from fractions import Fraction
+
+    t, interval, extra = settings.thresholds, settings.interval_seconds, settings.selector_labels
+    at = (math.floor(t["silent_seconds"] / interval) + 2) * interval  # "gone"'s heartbeat, frozen at 0, is stale
+    samples = round(at / interval) + 1
+    job = {"job": extra.get("job", "grpo")}
+    series = []
+    for run, instance, comparable, zero, fail, passed, peak, step, alive in _FLEET_SERIES:
+        labels = {**extra, **job, "instance": instance, "run": run}
+        heartbeat = f"0+{format_number(interval)}x{samples - 1}" if alive else f"0x{samples - 1}"
+        for name, values in (("advmon_comparable_groups", f"{comparable}x{samples - 1}"),
+                             ("advmon_zero_std_groups", f"{zero}x{samples - 1}"),
+                             # The per-run ratio is there too, so that a mean of ratios would have its numbers.
+                             ("advmon_zero_std_group_ratio", f"{format_number(zero / comparable)}x{samples - 1}"),
+                             ("advmon_group_all_fail_ratio", f"{format_number(fail)}x{samples - 1}"),
+                             ("advmon_group_all_pass_ratio", f"{format_number(passed)}x{samples - 1}"),
+                             ("advmon_step", f"{step}x{samples - 1}"),
+                             ("advmon_heartbeat_timestamp_seconds", heartbeat)):
+            series.append({"series": _series_text(name, labels), "values": values})
+        series.append({"series": _series_text("advmon_advantage_abs_max", {**labels, "stage": "post_norm"}),
+                       "values": f"{format_number(peak)}x{samples - 1}"})
+    live = [row for row in _FLEET_SERIES if row[-1]]
+
+    def over(rows: Sequence[tuple], numerator: Callable[[tuple], Fraction]) -> float:
+        return float(sum((numerator(r) for r in rows), Fraction(0)) / sum(Fraction(r[2]) for r in rows))
+
+    ranks = [row for row in _FLEET_SERIES if row[0] == "ranks"]
+    job_labels, ranks_labels = {**extra, **job}, {**extra, **job, "run": "ranks"}
+
+    def check(record: str, labels: dict[str, str], value: float) -> dict[str, Any]:
+        run = f'{{run="{labels["run"]}"}}' if "run" in labels else ""
+        return {"expr": record + run, "eval_time": format_duration(at),
+                "exp_samples": [{"labels": _series_text(record, labels), "value": value}]}
+
+    checks = [
+        check("job:advmon_zero_std_groups:ratio", job_labels, over(live, lambda r: Fraction(r[3]))),
+        check("job:advmon_group_all_fail:ratio", job_labels,
+              over(live, lambda r: Fraction(str(r[4])) * r[2])),
+        check("job:advmon_group_all_pass:ratio", job_labels,
+              over(live, lambda r: Fraction(str(r[5])) * r[2])),
+        check("job:advmon_live_runs:count", job_labels, float(len({r[0] for r in live}))),
+        check("run:advmon_zero_std_groups:ratio", ranks_labels, over(ranks, lambda r: Fraction(r[3]))),
+        check("run:advmon_advantage_abs_max:max", {**ranks_labels, "stage": "post_norm"}, max(r[6] for r in ranks)),
+        check("run:advmon_step:max", ranks_labels, float(max(r[7] for r in ranks))),
+    ]
+    return {
+        "name": "Fleet recording rules: sums of counts over sums of counts, over live runs and over a run's ranks",
+        "interval": format_duration(interval),
+        "input_series": series,
         "promql_expr_test": checks,
     }

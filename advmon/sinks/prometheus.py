@@ -10,7 +10,9 @@ Gauges: ``advmon_advantage_{mean,std,min,max,abs_mean}{stage="pre_norm|post_norm
 ``advmon_advantage_percentile{stage,percentile="1|10|50|90|99"}``,
 ``advmon_reward_{mean,std,min,max}``, ``advmon_zero_std_group_ratio``,
 ``advmon_group_all_fail_ratio`` and ``advmon_group_all_pass_ratio`` (with a reward range),
-``advmon_groups``, ``advmon_group_max_size`` (the largest group, which bounds a
+``advmon_groups``, ``advmon_comparable_groups`` (with two finite rewards or more: the
+ratios' denominator) and ``advmon_zero_std_groups`` (their numerator: a fleet's ratio is a
+sum over a sum), ``advmon_group_max_size`` (the largest group, which bounds a
 normalized advantage), ``advmon_step``, ``advmon_last_update_timestamp_seconds``.
 
 A run's state (docs/alerts.md, "Run state"), exposed from the start: ``advmon_run_finished``
@@ -194,6 +196,9 @@ class AdvmonCollector:
         for name, key, doc in (
             ("advmon_zero_std_group_ratio", "groups/zero_std_fraction", "Fraction of groups whose rewards are all equal"),
             ("advmon_groups", "groups/count", "Prompt groups in the last step"),
+            ("advmon_comparable_groups", "groups/comparable_count",
+             "Groups with two finite rewards or more in the last step: the denominator of the group ratios"),
+            ("advmon_zero_std_groups", "groups/zero_std_count", "Groups whose rewards are all equal in the last step"),
             ("advmon_group_max_size", "groups/max_size", "Samples in the largest prompt group of the last step"),
             ("advmon_group_bound_size", "groups/bound_size",
              "The G of the group bound G/sqrt(G-1) where the last step was judged by it (0: another bound)"),
