@@ -369,15 +369,17 @@ class _Exporter:
             self._scraped.notify_all()
 
     def await_scrape_after(self, moment: float, longest: float) -> bool:
-        """Wait until a scrape that started after ``moment`` was answered: at most ``longest`` seconds, and at
-        most two scrape intervals plus a second once two scrapes were seen. ``True`` if one was, or if no
-        scraper ever came (nothing to tell)."""
+        """Wait until a scrape that started after ``moment`` was answered: at most ``longest`` seconds, and,
+        once two scrapes were seen, no later than two scrape intervals and a second after the last one (a
+        scraper that went away is not waited for). ``True`` if one was, or if no scraper ever came (nothing
+        to tell)."""
         with self._scraped:
             if not self._scrape_starts:
                 return True
-            if len(self._scrape_starts) == 2:
-                longest = min(longest, 2 * (self._scrape_starts[1] - self._scrape_starts[0]) + 1.0)
             deadline = time.monotonic() + longest
+            if len(self._scrape_starts) == 2:
+                interval = self._scrape_starts[1] - self._scrape_starts[0]
+                deadline = min(deadline, self._scrape_starts[1] + 2 * interval + 1.0)
             while self._scrape_starts[-1] <= moment:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
