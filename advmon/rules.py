@@ -43,6 +43,7 @@ __all__ = [
     "Window",
     "abs_limit",
     "abs_max_of",
+    "unless_finished",
     "dashboard_link",
     "format_number",
     "Rule",
@@ -697,6 +698,17 @@ def fleet_recording_rules(t: Thresholds, ctx: PromContext) -> list[tuple[str, st
         (JOB_LIVE_RUNS, f"count without (instance, run) (max without (instance) ("
                         f"time() - {metric('advmon_heartbeat_timestamp_seconds')} <= {format_number(t['silent_seconds'])}))"),
     ]
+
+
+def unless_finished(expr: str, ctx: PromContext) -> str:
+    """``expr`` for runs that did not finish: a finished run's Pushgateway group keeps its last values, which
+    must not keep an alert firing (the rules over records; the run-state rules say it themselves).
+
+    Example:
+        >>> unless_finished("advmon_zero_std_group_ratio > 0.8", PromContext(ray_prefix=False))
+        '(advmon_zero_std_group_ratio > 0.8) unless on (job, instance, run) advmon_run_finished == 1'
+    """
+    return f"({expr}) unless on (job, instance, run) {ctx.metric('advmon_run_finished')} == 1"
 
 
 def _enough_history(t: Thresholds) -> str:

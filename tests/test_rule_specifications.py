@@ -308,3 +308,19 @@ def test_fleet_ratios_are_sums_of_counts_over_sums_of_counts(tmp_path):
          "exp_samples": [{"labels": 'job:advmon_live_runs:count{job="grpo"}', "value": 3}]},
     ]
     run_promtool(tmp_path, series, checks)
+
+
+@pytest.mark.integration
+def test_a_finished_runs_last_values_fire_nothing(tmp_path):
+    """A Pushgateway keeps a finished run's last values. A zero-std ratio of 0.9 and a bound ratio of 10 held
+    from t = 0 fire AdvmonAdvantageBeyondBound at once and AdvmonZeroStdGroupsHigh once held 2 minutes (3
+    records) for a run that did not finish; for one marked finished (advmon_run_finished 1) nothing fires.
+    """
+    series = {}
+    for run, finished in ((RUN, 0), ("finished", 1)):
+        series[f'advmon_zero_std_group_ratio{{run="{run}"}}'] = "0.9x10"
+        series[f'advmon_advantage_bound_ratio{{run="{run}"}}'] = "10x10"
+        series[f'advmon_run_finished{{run="{run}"}}'] = f"{finished}x10"
+    checks = [alerts_at("AdvmonAdvantageBeyondBound", 60, [RUN]), alerts_at("AdvmonZeroStdGroupsHigh", 60, []),
+              alerts_at("AdvmonZeroStdGroupsHigh", 180, [RUN]), alerts_at("AdvmonAdvantageBeyondBound", 540, [RUN])]
+    run_promtool(tmp_path, series, checks)

@@ -34,6 +34,7 @@ from advmon.rules import (
     fleet_recording_rules,
     recording_rules,
     runbook_link,
+    unless_finished,
 )
 from advmon.alerts.runbooks import check_first
 
@@ -135,7 +136,8 @@ def prometheus_rules(settings: AlertSettings) -> dict[str, Any]:
     ctx, t = settings.context, settings.thresholds
     entries: list[dict[str, Any]] = [{"record": name, "expr": expr} for name, expr in recording_rules(t, ctx)]
     for rule in CATALOG:
-        entry: dict[str, Any] = {"alert": rule.name, "expr": rule.promql(t, ctx)}
+        expr = rule.promql(t, ctx) if rule.evaluate is None else unless_finished(rule.promql(t, ctx), ctx)
+        entry: dict[str, Any] = {"alert": rule.name, "expr": expr}
         pending = settings.pending(rule)
         if pending > 0:
             entry["for"] = format_duration(pending)
