@@ -7,7 +7,7 @@ are the contract that sinks, dashboards and alerts rely on:
 * ``advantages/pre_norm/{...}`` and ``advantages/post_norm/{...}`` with
   :data:`advmon.stats.VALUE_KEYS`, and ``advantages/bound_ratio``: the step's
   |A| over what its normalization allows (:mod:`advmon.normalization`);
-* ``groups/{count,singleton_count,zero_std_count,zero_std_fraction,nonfinite_count,max_size,bound_size}``
+* ``groups/{count,singleton_count,comparable_count,zero_std_count,zero_std_fraction,nonfinite_count,max_size,bound_size}``
   and, with a reward range, ``groups/{all_low_fraction,all_high_fraction}``;
 * ``estimator/<name>`` for metrics the estimator reports itself;
 * ``advmon/internal_errors``: problems advmon met so far in this run;
@@ -171,6 +171,8 @@ def group_metrics(
     metrics = {
         "groups/count": totals[_FIELD["groups"]],
         "groups/singleton_count": totals[_FIELD["singletons"]],
+        # The fractions' denominator: a fleet's ratio is a sum of counts over a sum of these, not a mean of ratios.
+        "groups/comparable_count": comparable,
         "groups/zero_std_count": totals[_FIELD["zero_std"]],
         "groups/zero_std_fraction": _ratio(totals[_FIELD["zero_std"]], comparable),
         "groups/nonfinite_count": totals[_FIELD["nonfinite"]],

@@ -23,7 +23,7 @@ Example:
     >>> thresholds["zero_std_ratio"], thresholds["bound_factor"]
     (0.9, 3.0)
     >>> [rule.name for rule in CATALOG if rule.severity == "critical"]
-    ['AdvmonNonFiniteRewards', 'AdvmonNonFiniteAdvantages', 'AdvmonAdvantageBeyondBound', 'AdvmonRewardFunctionNonFinite']
+    ['AdvmonNonFiniteRewards', 'AdvmonNonFiniteAdvantages', 'AdvmonAdvantageBeyondBound', 'AdvmonRewardFunctionNonFinite', 'AdvmonRunCrashed']
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ __all__ = [
     "Window",
     "abs_limit",
     "abs_max_of",
+    "unless_finished",
     "dashboard_link",
     "format_number",
     "Rule",
@@ -139,8 +140,22 @@ THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
         "stale_seconds",
         900.0,
-        "seconds without a record before a run counts as stopped (Prometheus only)",
+        "seconds without a record before a live run counts as hung (Prometheus only)",
         "15 minutes: longer than a slow step of a large recipe, shorter than an on-call shift's patience",
+    ),
+    Threshold(
+        "silent_seconds",
+        180.0,
+        "seconds without a sign of life (a scrape of its endpoint, a push) before an unfinished run counts as "
+        "crashed (Prometheus only)",
+        "three times the Pushgateway sink's 30 s heartbeat and a 60 s scrape interval: one missed scrape or push "
+        "is not a crash",
+    ),
+    Threshold(
+        "crash_memory_seconds",
+        3600.0,
+        "how far back Prometheus looks for a run that vanished (a crashed scrape target's alert resolves after it)",
+        "an hour: long enough for on-call to see it, short enough to keep the lookback cheap",
     ),
 )
 
@@ -154,7 +169,7 @@ class Thresholds(Mapping[str, float]):
         >>> Thresholds.with_overrides({"zero_std": 1})
         Traceback (most recent call last):
         ...
-        advmon.errors.AdvmonConfigError: unknown threshold 'zero_std'; known: bound_factor, zero_std_ratio, scale_collapse_ratio, scale_spike_ratio, mean_drift, reward_drop_stds, trailing_records, min_history_records, stale_seconds
+        advmon.errors.AdvmonConfigError: unknown threshold 'zero_std'; known: bound_factor, zero_std_ratio, scale_collapse_ratio, scale_spike_ratio, mean_drift, reward_drop_stds, trailing_records, min_history_records, stale_seconds, silent_seconds, crash_memory_seconds
     """
 
     def __init__(self, values: Mapping[str, float]) -> None:
@@ -467,6 +482,8 @@ class Rule:
     evaluate: Evaluate | None  # None: Prometheus only
     extra_labels: tuple[str, ...] = ()
     recording: tuple[str, ...] = field(default=())  # recording rules the expression reads
+    #: A threshold (seconds) to look back for the run's last step: a rule about a run that vanished.
+    step_lookback: str = ""
 
     @property
     def runbook_anchor(self) -> str:
@@ -629,6 +646,71 @@ def recording_rules(t: Thresholds, ctx: PromContext) -> list[tuple[str, str]]:
     ]
 
 
+#: Fleet recording rules (``level:metric:operations``): a run's figure over its ranks (``run:``, the ranks'
+#: series differ by ``instance``) and a job's over its live runs (``job:``, every label but ``instance`` and
+#: ``run`` kept, so a ``team`` label stays). A ratio is a sum of counts over a sum of counts, never a mean
+#: of ratios: a run of 10 groups weighs a tenth of one of 100.
+RUN_STEP = "run:advmon_step:max"
+RUN_LAST_UPDATE = "run:advmon_last_update_timestamp_seconds:max"
+RUN_ABS_MAX = "run:advmon_advantage_abs_max:max"
+RUN_BOUND_RATIO = "run:advmon_advantage_bound_ratio:max"
+RUN_ZERO_STD = "run:advmon_zero_std_groups:ratio"
+RUN_NONFINITE = "run:advmon_nonfinite_values:increase1h"
+JOB_ZERO_STD = "job:advmon_zero_std_groups:ratio"
+JOB_ALL_FAIL = "job:advmon_group_all_fail:ratio"
+JOB_ALL_PASS = "job:advmon_group_all_pass:ratio"
+JOB_NONFINITE = "job:advmon_nonfinite_values:increase1h"
+JOB_LIVE_RUNS = "job:advmon_live_runs:count"
+
+
+def fleet_recording_rules(t: Thresholds, ctx: PromContext) -> list[tuple[str, str]]:
+    """``(record, expr)`` pairs of the fleet board and of alerts that aggregate a run's ranks.
+
+    Example:
+        >>> rules = dict(fleet_recording_rules(Thresholds.with_overrides(), PromContext(ray_prefix=False)))
+        >>> rules["job:advmon_zero_std_groups:ratio"].split(" / ")[0]
+        'sum without (instance, run) (advmon_zero_std_groups >= 0 and on (job, instance, run) (time() - advmon_heartbeat_timestamp_seconds <= 180))'
+    """
+    metric = ctx.metric
+    live = f"on (job, instance, run) (time() - {metric('advmon_heartbeat_timestamp_seconds')} <= " \
+           f"{format_number(t['silent_seconds'])})"
+    zero, comparable = metric("advmon_zero_std_groups"), metric("advmon_comparable_groups")
+    nonfinite = f"increase({metric('advmon_nonfinite_values_total')}[1h])"
+
+    def job_ratio(fraction: str) -> str:
+        """A fraction's numerator is fraction x denominator, exactly (the record divides the same counts)."""
+        numerator = f"sum without (instance, run) (({fraction} >= 0) * {comparable} and {live})"
+        denominator = f"sum without (instance, run) ({comparable} > 0 and ({fraction} >= 0) and {live})"
+        return f"{numerator} / {denominator}"
+
+    return [
+        (RUN_STEP, f"max without (instance) ({metric('advmon_step')})"),
+        (RUN_LAST_UPDATE, f"max without (instance) ({metric('advmon_last_update_timestamp_seconds')})"),
+        (RUN_ABS_MAX, f"max without (instance) ({metric('advmon_advantage_abs_max')})"),
+        (RUN_BOUND_RATIO, f"max without (instance) ({metric('advmon_advantage_bound_ratio')})"),
+        (RUN_ZERO_STD, f"sum without (instance) ({zero} >= 0) / sum without (instance) ({comparable} > 0)"),
+        (RUN_NONFINITE, f"sum without (instance, kind) ({nonfinite})"),
+        (JOB_ZERO_STD, f"sum without (instance, run) ({zero} >= 0 and {live})"
+                       f" / sum without (instance, run) ({comparable} > 0 and {live})"),
+        (JOB_ALL_FAIL, job_ratio(metric("advmon_group_all_fail_ratio"))),
+        (JOB_ALL_PASS, job_ratio(metric("advmon_group_all_pass_ratio"))),
+        (JOB_NONFINITE, f"sum without (instance, run, kind) ({nonfinite} and {live})"),
+        (JOB_LIVE_RUNS, f"count without (instance, run) (max without (instance) ("
+                        f"time() - {metric('advmon_heartbeat_timestamp_seconds')} <= {format_number(t['silent_seconds'])}))"),
+    ]
+
+
+def unless_finished(expr: str, ctx: PromContext) -> str:
+    """``expr`` for runs that did not finish: a finished run's Pushgateway group keeps its last values, which
+    must not keep an alert firing (the rules over records; the run-state rules say it themselves).
+
+    Example:
+        >>> unless_finished("advmon_zero_std_group_ratio > 0.8", PromContext(ray_prefix=False))
+        '(advmon_zero_std_group_ratio > 0.8) unless on (job, instance, run) advmon_run_finished == 1'
+    """
+    return f"({expr}) unless on (job, instance, run) {ctx.metric('advmon_run_finished')} == 1"
+
+
 def _enough_history(t: Thresholds) -> str:
     return f" and {TRAILING_COUNT} >= {t.records('min_history_records')}"
 
@@ -673,8 +755,33 @@ def _prom_reward_collapse(t: Thresholds, ctx: PromContext) -> str:
     )
 
 
-def _prom_stale(t: Thresholds, ctx: PromContext) -> str:
-    return f"time() - {ctx.metric('advmon_last_update_timestamp_seconds')} > {format_number(t['stale_seconds'])}"
+def _prom_crashed(t: Thresholds, ctx: PromContext) -> str:
+    """Last seen alive more than ``silent_seconds`` ago, and not finished; its value: seconds since then.
+
+    The heartbeat is the time of the last scrape of the run's endpoint (gone with the process) or of the
+    Pushgateway sink's last push (kept by the gateway, frozen when the process dies). Not crashed: a run
+    last seen finished; a run alive again now (resumed, on another node); a run whose Pushgateway group was
+    deleted (``delete_on_close``: the gateway's own ``push_time_seconds`` vanished with it).
+    """
+    memory, silent = ctx.duration(t["crash_memory_seconds"]), format_number(t["silent_seconds"])
+    heartbeat, finished = ctx.metric("advmon_heartbeat_timestamp_seconds"), ctx.metric("advmon_run_finished")
+    pushed = ctx.metric("push_time_seconds")
+    return (
+        f"time() - last_over_time({heartbeat}[{memory}]) > {silent}"
+        f" unless on (job, instance, run) last_over_time({finished}[{memory}]) == 1"
+        f" unless on (run) (time() - {heartbeat} <= {silent})"
+        f" unless on (run) (last_over_time({pushed}[{memory}]) unless on (run) {pushed})"
+    )
+
+
+def _prom_hung(t: Thresholds, ctx: PromContext) -> str:
+    """No record for ``stale_seconds`` while alive (a heartbeat within ``silent_seconds``) and not finished."""
+    heartbeat, finished = ctx.metric("advmon_heartbeat_timestamp_seconds"), ctx.metric("advmon_run_finished")
+    return (
+        f"time() - {ctx.metric('advmon_last_update_timestamp_seconds')} > {format_number(t['stale_seconds'])}"
+        f" and on (job, instance, run) (time() - {heartbeat} <= {format_number(t['silent_seconds'])})"
+        f" unless on (job, instance, run) {finished} == 1"
+    )
 
 
 def _prom_counter(name: str) -> PromQL:
@@ -827,13 +934,25 @@ CATALOG: tuple[Rule, ...] = (
         recording=(REWARD_MEAN_MEDIAN, REWARD_STD_MEDIAN, TRAILING_COUNT),
     ),
     Rule(
-        name="AdvmonRunStoppedReporting",
-        severity="warning",
-        summary="A run stopped sending advmon records",
-        description="Run {run}: no record for {value} seconds; the last was step " + _STEP + ".",
+        name="AdvmonRunCrashed",
+        severity="critical",
+        summary="A run is gone without finishing: its process died, was killed, or its node was lost",
+        description="Run {run}: last seen alive {value} seconds ago and it did not finish (last step " + _STEP + ").",
         for_records=1,
-        thresholds=("stale_seconds",),
-        promql=_prom_stale,
+        thresholds=("silent_seconds", "crash_memory_seconds"),
+        promql=_prom_crashed,
+        evaluate=None,
+        step_lookback="crash_memory_seconds",
+    ),
+    Rule(
+        name="AdvmonRunHung",
+        severity="warning",
+        summary="A run is alive but sends no advmon records",
+        description="Run {run}: no record for {value} seconds while its process is alive; the last was step "
+                    + _STEP + ".",
+        for_records=1,
+        thresholds=("stale_seconds", "silent_seconds"),
+        promql=_prom_hung,
         evaluate=None,
     ),
     Rule(

@@ -55,7 +55,7 @@ def stop_rules(stop_on: Any) -> tuple[Rule, ...]:
     if stop_on is None:
         return ()
     if stop_on == "critical":
-        return tuple(rule for rule in CATALOG if rule.severity == "critical")
+        return tuple(rule for rule in CATALOG if rule.severity == "critical" and rule.evaluate is not None)
     if isinstance(stop_on, (str, bytes)) or not isinstance(stop_on, Iterable):
         hint = f" (one alert: stop_on=[{stop_on!r}])" if isinstance(stop_on, str) and _rule(stop_on) else ""
         raise AdvmonConfigError(f"stop_on must be None, 'critical' or a list of alert names, got {stop_on!r}{hint}")

@@ -98,6 +98,7 @@ def group_stats(rewards, keys, reward_range=None) -> dict[str, float]:
     stats = {
         "groups/count": float(len(members)),
         "groups/singleton_count": float(singles),
+        "groups/comparable_count": float(comparable),
         "groups/zero_std_count": float(zero),
         "groups/zero_std_fraction": zero / comparable if comparable else math.nan,
         "groups/nonfinite_count": float(nonfinite),

@@ -228,3 +228,222 @@ def test_demo_serve_exposes_both_runs_on_loopback():
         stop.set()
         thread.join(10)
     assert not thread.is_alive()
+
+
+# --------------------------------------------------------------------------- the fleet board
+
+#: A crashed trainer: one scraped monitor, a step every 0.2 s; the test SIGKILLs it.
+CRASHING_TRAINER = r'''
+import sys, time
+import torch
+import advmon
+from advmon.sinks.prometheus import PrometheusSink
+
+monitor = advmon.Monitor("fleet-crashed", sinks=[advmon.JsonlSink(sys.argv[1]), PrometheusSink(port=0)])
+print(monitor.sinks[1].port, flush=True)
+for step in range(10 ** 6):
+    with monitor.step(step):
+        monitor.observe(rewards=torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0]), group_size=4)
+    time.sleep(0.2)
+'''
+
+FAILING = {"fleet-nan": "AdvmonNonFiniteRewards", "fleet-bound": "AdvmonAdvantageBeyondBound",
+           "fleet-zero-std": "AdvmonZeroStdGroupsHigh"}
+
+
+def fleet_step(monitor, rng, failure: str = "") -> None:
+    """One GRPO step of 64 sequences in groups of 8, healthy or failing as ``failure`` says."""
+    import numpy as np
+    import torch
+
+    rewards = (rng.random(64) < 0.5).astype(np.float32)
+    if failure == "fleet-zero-std":
+        rewards[:] = 1.0
+    if failure == "fleet-nan":
+        rewards[:3] = np.nan
+    groups = rewards.reshape(-1, 8)
+    std = np.nanstd(groups, axis=1, ddof=1, keepdims=True)
+    advantages = (groups - np.nanmean(groups, axis=1, keepdims=True)) / (std + 1e-6)
+    if failure == "fleet-bound":
+        advantages = advantages * 100
+    monitor.observe(rewards=torch.from_numpy(rewards), advantages=torch.from_numpy(advantages.reshape(-1).astype(np.float32)),
+                    group_size=8)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """20 runs on a real Prometheus with advmon's rules: 15 healthy, 3 failing differently, 1 finished, 1 crashed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import numpy as np
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    import advmon
+    from advmon.sinks.prometheus import PrometheusSink
+
+    workdir = tmp_path_factory.mktemp("fleet")
+    thresholds = Thresholds.with_overrides({"silent_seconds": 4, "crash_memory_seconds": 600})
+    generate_alerts(workdir / "alerts", AlertSettings(thresholds=thresholds, interval_seconds=1.0))
+    registry = CollectorRegistry(auto_describe=False)
+    server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+    names = [f"fleet-healthy-{i:02d}" for i in range(15)] + list(FAILING) + ["fleet-finished"]
+    monitors = {name: advmon.Monitor(name, sinks=[PrometheusSink(registry=registry)], reward_range=(0.0, 1.0))
+                for name in names}
+    script = workdir / "crashing.py"
+    script.write_text(CRASHING_TRAINER)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ADVMON_")}, "PYTHONPATH": str(ROOT)}
+    crashing = subprocess.Popen([sys.executable, str(script), str(workdir / "crashed.jsonl")], stdout=subprocess.PIPE,
+                                text=True, env=env)
+    prometheus = None
+    try:
+        port = int(crashing.stdout.readline())
+        prometheus, url = start_prometheus(
+            workdir, {"fleet": f"127.0.0.1:{server.server_port}", "fleet-crashed": f"127.0.0.1:{port}"},
+            rule_files=[workdir / "alerts" / "advmon-rules.yml"])
+        rng = np.random.default_rng(7)
+        wait_for(lambda: len(instant(url, "advmon_run_finished")) == 20, 60, "the 20 runs' first scrape")  # hang guard
+        step = 0
+
+        def tick(only: tuple[str, ...] = ()) -> None:
+            nonlocal step
+            for name, monitor in monitors.items():
+                if not monitor.closed and (not only or name in only):
+                    with monitor.step(step):
+                        fleet_step(monitor, rng, name if name in FAILING else "")
+            step += 1
+            time.sleep(0.5)
+
+        for _ in range(4):
+            tick()
+        monitors["fleet-finished"].close()
+        crashing.send_signal(signal.SIGKILL)
+        crashing.wait(30)
+
+        def settled() -> bool:
+            fired = {(a["metric"]["run"], a["metric"]["alertname"]) for a in instant(url, 'ALERTS{alertstate="firing"}')}
+            return set(FAILING.items()) | {("fleet-crashed", "AdvmonRunCrashed")} <= fired
+
+        for _ in range(120):  # a hang guard: the zero-std alert needs 3 records, the crash 4 s of silence
+            if settled():
+                break
+            tick()
+        assert settled(), instant(url, 'ALERTS{alertstate="firing"}')
+        tick()
+        # The NaN alert fires while the counter rises: fleet-nan goes on failing, on its own thread, while the
+        # tests read the board (the other runs stand still, so their last records are what Prometheus holds).
+        import threading
+
+        stop = threading.Event()
+
+        def keep_failing() -> None:
+            while not stop.is_set():
+                tick(only=("fleet-nan",))
+
+        ticker = threading.Thread(target=keep_failing, daemon=True)
+        ticker.start()
+        time.sleep(2)
+        yield url, monitors, step
+        stop.set()
+        ticker.join(30)
+    finally:
+        if crashing.poll() is None:
+            crashing.kill()
+        crashing.stdout.close()
+        if prometheus is not None:
+            prometheus.stop()
+        for monitor in monitors.values():
+            monitor.close()
+        server.shutdown()
+
+
+def fleet_values(job: str = "fleet") -> dict:
+    return {"job": [job], "__data": ""}
+
+
+def by_run(url: str, expr: str) -> dict[str, dict]:
+    return {series["metric"]["run"]: series for series in instant(url, expr)}
+
+
+@pytest.mark.integration
+def test_every_fleet_query_is_valid_and_returns_data_on_a_real_prometheus(fleet):
+    url, _, _ = fleet
+    data = json.loads((ROOT / "dashboards" / "advmon-fleet.json").read_text())
+    assert lint(data) == []
+    empty = []
+    for query in board_queries(data):
+        expr = substitute(query.expr, fleet_values())
+        if not instant(url, expr):
+            empty.append(f"{query.panel}: {expr}")
+    assert not empty, "queries without data:\n" + "\n".join(empty)
+    (variable,) = variable_queries(data).values()
+    selector = re.fullmatch(r"label_values\((.*), job\)", variable).group(1)
+    values = json.loads(http_get(f"{url}/api/v1/label/job/values?{urllib.parse.urlencode({'match[]': selector})}"))
+    assert {"fleet", "fleet-crashed"} <= set(values["data"])
+
+
+@pytest.mark.integration
+def test_the_fleet_table_tells_each_run_its_state_and_worst_alert_worst_first(fleet):
+    url, monitors, _ = fleet
+    data = json.loads((ROOT / "dashboards" / "advmon-fleet.json").read_text())
+    table = next(p for p in data["panels"] if p["type"] == "table")
+    queries = {target["refId"]: substitute(target["expr"], {"job": ["fleet|fleet-crashed"]}) for target in table["targets"]}
+    state = {run: float(s["value"][1]) for run, s in by_run(url, queries["A"]).items()}
+    assert len(state) == 20
+    mappings = next(o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "State")["properties"]
+    codes = {entry["text"]: int(key) for mapping in next(p for p in mappings if p["id"] == "mappings")["value"]
+             for key, entry in mapping["options"].items()}
+    expected = {run: codes["running"] for run in monitors}
+    expected.update({"fleet-finished": codes["finished"], "fleet-crashed": codes["crashed"]})
+    assert state == expected
+    worst = {run: s["metric"]["alertname"] for run, s in by_run(url, queries["B"]).items()}
+    # The worst: of the run's firing alerts, one of the highest severity (NaN rewards also make NaN advantages,
+    # both critical), read from ALERTS by hand.
+    rank = {"critical": 3, "warning": 2, "info": 1}
+    firing: dict[str, dict[str, int]] = {}
+    for alert in instant(url, 'ALERTS{alertstate="firing"}'):
+        firing.setdefault(alert["metric"]["run"], {})[alert["metric"]["alertname"]] = rank[alert["metric"]["severity"]]
+    assert set(worst) == set(firing) == {*FAILING, "fleet-crashed"}
+    for run, name in worst.items():
+        assert firing[run][name] == max(firing[run].values()), (run, name, firing[run])
+    assert {**FAILING, "fleet-crashed": "AdvmonRunCrashed"}.items() <= {(r, a) for r in firing for a in firing[r]}
+    severity = {run: float(s["value"][1]) for run, s in by_run(url, queries["C"]).items()}
+    ordered = sorted(severity, key=lambda run: -severity[run])
+    assert set(ordered[:3]) == {"fleet-nan", "fleet-bound", "fleet-crashed"}  # critical first
+    assert ordered[3] == "fleet-zero-std" and ordered[-1] == "fleet-finished"  # then the warning; finished last
+    # The statistics against the records themselves (the scraped monitors' last ones).
+    steps = {run: float(s["value"][1]) for run, s in by_run(url, queries["D"]).items()}
+    zero_std = {run: float(s["value"][1]) for run, s in by_run(url, queries["F"]).items()}
+    abs_max = {run: float(s["value"][1]) for run, s in by_run(url, queries["G"]).items()}
+    for run, monitor in monitors.items():
+        if run == "fleet-nan":
+            continue  # still recording
+        record = monitor.last_record
+        assert steps[run] == record.step, run
+        assert zero_std[run] == pytest.approx(record.metrics["groups/zero_std_count"] / record.metrics["groups/comparable_count"])
+        assert abs_max[run] == pytest.approx(max(abs(record.metrics["advantages/post_norm/min"]),
+                                                 abs(record.metrics["advantages/post_norm/max"])))
+    nonfinite = {run: float(s["value"][1]) for run, s in by_run(url, queries["I"]).items()}
+    assert nonfinite["fleet-nan"] >= 3 and all(value == 0 for run, value in nonfinite.items() if run != "fleet-nan")
+    link = next(o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "run")["properties"]
+    url_template = next(p for p in link if p["id"] == "links")["value"][0]["url"]
+    assert url_template == ("/d/advmon-health?var-job=${__data.fields.job}&var-run=${__data.fields.run}"
+                            "&time=${__data.fields.last_record_ms}&time.window=3600000")
+    last_ms = {run: float(s["value"][1]) for run, s in by_run(url, queries["J"]).items()}
+    assert last_ms["fleet-finished"] == pytest.approx(monitors["fleet-finished"].last_record.time * 1000)
+
+
+@pytest.mark.integration
+def test_a_fleet_selection_that_matches_nothing_says_so(fleet):
+    url, _, _ = fleet
+    data = json.loads((ROOT / "dashboards" / "advmon-fleet.json").read_text())
+    runs = next(p for p in data["panels"] if p["title"] == "Runs")
+    (value,) = instant(url, substitute(runs["targets"][0]["expr"], fleet_values("no-such-job")))
+    shown = runs["fieldConfig"]["defaults"]["mappings"][0]["options"][str(int(float(value["value"][1])))]["text"]
+    assert shown.startswith("No advmon run matches this selection")
+    (value,) = instant(url, substitute(runs["targets"][0]["expr"], fleet_values()))
+    assert float(value["value"][1]) == 19  # the crashed run is in job fleet-crashed
+    table = next(p for p in data["panels"] if p["type"] == "table")
+    assert table["fieldConfig"]["defaults"]["noValue"] == shown

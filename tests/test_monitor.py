@@ -34,7 +34,7 @@ from .reference import (
     value_stats,
 )
 
-GROUP_KEYS = ("count", "singleton_count", "zero_std_count", "zero_std_fraction", "nonfinite_count", "max_size",
+GROUP_KEYS = ("count", "singleton_count", "comparable_count", "zero_std_count", "zero_std_fraction", "nonfinite_count", "max_size",
               "bound_size")
 
 

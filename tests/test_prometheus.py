@@ -44,6 +44,8 @@ def expected_series(record, totals):
         "advmon_reward_std": m["rewards/std"],
         "advmon_zero_std_group_ratio": m["groups/zero_std_fraction"],
         "advmon_groups": m["groups/count"],
+        "advmon_comparable_groups": m["groups/comparable_count"],
+        "advmon_zero_std_groups": m["groups/zero_std_count"],
         "advmon_step": float(record.step),
         "advmon_last_update_timestamp_seconds": record.time,
         "advmon_updates_total": totals["updates"],
@@ -310,3 +312,45 @@ def test_a_port_another_process_holds_warns_once_and_training_goes_on(tmp_path):
     finally:
         holder.kill()
         holder.wait(timeout=10)
+
+
+def scrape(port: int) -> str:
+    """GET /metrics as Prometheus does (its scrape-timeout header marks a scraper)."""
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                     headers={"X-Prometheus-Scrape-Timeout-Seconds": "10"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.read().decode()
+
+
+def test_a_closing_endpoint_serves_the_finished_mark_to_a_scraper_before_it_goes():
+    import threading
+
+    sink = PrometheusSink(port=0)
+    sink.attach("closing", ["prometheus"])
+    assert 'advmon_run_finished{run="closing"} 0.0' in scrape(sink.port)
+    assert 'advmon_run_finished{run="closing"} 0.0' in scrape(sink.port)
+    closer = threading.Thread(target=sink.close)
+    closer.start()
+    seen = wait_for(lambda: 'advmon_run_finished{run="closing"} 1.0' in scrape(sink.port), 60,
+                    "a scrape of the finished mark")  # a hang guard: the close waits for this scrape
+    assert seen
+    closer.join(60)  # a hang guard
+    assert not closer.is_alive()
+    with pytest.raises(OSError):  # then the endpoint is gone
+        http_get(f"http://127.0.0.1:{sink.port}/metrics", timeout=0.5)
+
+
+def test_an_endpoint_no_scraper_read_closes_at_once_and_a_browser_is_no_scraper():
+    sink = PrometheusSink(port=0)
+    sink.attach("unscraped", ["prometheus"])
+    assert b'advmon_run_finished{run="unscraped"} 0.0' in http_get(f"http://127.0.0.1:{sink.port}/metrics")
+    sink.close()  # nothing to wait for: no request carried the scrape header
+    with pytest.raises(OSError):
+        http_get(f"http://127.0.0.1:{sink.port}/metrics", timeout=0.5)
+    registry_sink = PrometheusSink(registry=__import__("prometheus_client").CollectorRegistry(auto_describe=False))
+    registry_sink.attach("in-a-trainers-registry", ["prometheus"])
+    registry_sink.close()  # the trainer's exporter goes on serving it: finished
+    text = __import__("prometheus_client").generate_latest(registry_sink.registry).decode()
+    assert 'advmon_run_finished{run="in-a-trainers-registry"} 1.0' in text

@@ -153,22 +153,106 @@ def test_prometheus_fires_where_the_definition_says(name, tmp_path):
     run_promtool(tmp_path, {s: promtool_values(v) for s, v in series.items()}, checks)
 
 
-@pytest.mark.integration
-def test_prometheus_fires_for_a_silent_run_after_stale_seconds_and_not_for_one_that_reports(tmp_path):
-    """AdvmonRunStoppedReporting (Prometheus only): time() - last update > stale_seconds (900 s).
+def minutes(*values: float | str) -> str:
+    """promtool values written out, one per minute: numbers, ``_`` (no sample) or ``stale`` (the series ended)."""
+    return " ".join(str(v) for v in values)
 
-    The stopped run's last update is at t = 300 s: 1200 s is exactly 900 s later (not yet),
-    1260 s, the next evaluation, fires. A run that updates every minute never does.
+
+def alerts_at(alert: str, seconds: int, runs: list[str]) -> dict:
+    """At ``seconds``, ``alert`` fires for exactly ``runs`` (each labelled by its run alone)."""
+    severity = rule_named(alert).severity
+    samples = [{"labels": f'ALERTS{{alertname="{alert}",alertstate="firing",run="{run}",severity="{severity}"}}',
+                "value": 1} for run in sorted(runs)]
+    return {"expr": f'ALERTS{{alertname="{alert}",alertstate="firing"}}', "eval_time": format_duration(seconds),
+            "exp_samples": samples}
+
+
+@pytest.mark.integration
+def test_prometheus_fires_for_a_hung_run_after_stale_seconds_and_not_for_one_that_reports_finished_or_crashed(
+        tmp_path):
+    """AdvmonRunHung (Prometheus only): time() - last record > stale_seconds (900 s) while a heartbeat is at
+    most silent_seconds (180 s) old and the run did not finish.
+
+    spec-run (scraped: its heartbeat is each scrape's time) records until t = 300 s: 1200 s is exactly 900 s
+    later (not yet), 1260 s, the next evaluation, fires. alive records every minute. closed-late (pushed)
+    records until 300 s, pushes heartbeats until it closes at 1140 s (finished, heartbeat frozen): at 1260 s its
+    record is 960 s old and its heartbeat 120 s, yet it finished. crashed (pushed) froze at 300 s: its heartbeat
+    is 240 s old by the time its record is 900 s old, so it is crashed, not hung.
     """
     samples = 30
-    stopped = " ".join(str(min(i, 5) * INTERVAL) for i in range(samples))  # 0, 60, ..., 300, 300, ...
+    every = [i * INTERVAL for i in range(samples)]
+    until_300 = [min(t, 300) for t in every]
     series = {
-        f'advmon_last_update_timestamp_seconds{{run="{RUN}"}}': stopped,
-        f'advmon_step{{run="{RUN}"}}': "0+1x5 5x24",
-        'advmon_last_update_timestamp_seconds{run="alive"}': f"0+{INTERVAL}x{samples - 1}",
-        'advmon_step{run="alive"}': f"0+1x{samples - 1}",
+        f'advmon_last_update_timestamp_seconds{{run="{RUN}"}}': minutes(*until_300),
+        f'advmon_heartbeat_timestamp_seconds{{run="{RUN}"}}': minutes(*every),
+        f'advmon_run_finished{{run="{RUN}"}}': minutes(*[0] * samples),
+        f'advmon_step{{run="{RUN}"}}': minutes(*[t // INTERVAL for t in until_300]),
+        'advmon_last_update_timestamp_seconds{run="alive"}': minutes(*every),
+        'advmon_heartbeat_timestamp_seconds{run="alive"}': minutes(*every),
+        'advmon_run_finished{run="alive"}': minutes(*[0] * samples),
+        'advmon_last_update_timestamp_seconds{run="closed-late"}': minutes(*until_300),
+        'advmon_heartbeat_timestamp_seconds{run="closed-late"}': minutes(*[min(t, 1140) for t in every]),
+        'advmon_run_finished{run="closed-late"}': minutes(*[int(t >= 1140) for t in every]),
+        'advmon_last_update_timestamp_seconds{run="crashed"}': minutes(*until_300),
+        'advmon_heartbeat_timestamp_seconds{run="crashed"}': minutes(*until_300),
+        'advmon_run_finished{run="crashed"}': minutes(*[0] * samples),
     }
-    checks = [promql_check("AdvmonRunStoppedReporting", t, () if t >= 1260 else None) for t in range(60, 1741, 60)]
+    checks = [alerts_at("AdvmonRunHung", t, [RUN] if t >= 1260 else []) for t in range(60, 1741, 60)]
+    run_promtool(tmp_path, series, checks)
+
+
+@pytest.mark.integration
+def test_prometheus_fires_for_a_crashed_run_and_never_for_a_finished_resumed_or_deleted_one(tmp_path):
+    """AdvmonRunCrashed (Prometheus only): the last heartbeat within crash_memory_seconds (3600 s) is more than
+    silent_seconds (180 s) old, the run was not last seen finished, no heartbeat of the run is fresh now, and
+    it is not a Pushgateway group that was deleted.
+
+    Every run below is last seen alive at t = 300 s, unless said otherwise.
+    spec-run (scraped) is killed: its series end at 360 s. 480 s is exactly 180 s later (not yet), 540 s fires;
+    its last heartbeat leaves the one-hour range at 3900 s + one evaluation (3840 s still fires, 3960 s no longer;
+    3900 s itself is left out: Prometheus 2 includes a range's start, Prometheus 3 does not).
+    pushed-crash (its Pushgateway group stays, heartbeat frozen) fires from 540 s on, for good.
+    finished (scraped) was scraped once with advmon_run_finished 1 before its endpoint went away; pushed-finished
+    stays on the gateway marked finished; deleted (pushed, delete_on_close) vanished with its group's
+    push_time_seconds; resumed vanished from instance a at 360 s and reports from instance b from 420 s; flaky
+    missed the scrape at 360 s and came back at 420 s (an absence of 120 s, under 180 s). None of them fires.
+    """
+    samples = 70  # 0 .. 4140 s
+    every = [i * INTERVAL for i in range(samples)]
+    alive_until_300 = [t if t <= 300 else ("stale" if t == 360 else "_") for t in every]
+    frozen = [min(t, 300) for t in every]
+    zeros = [0] * samples
+    series = {
+        f'advmon_heartbeat_timestamp_seconds{{run="{RUN}"}}': minutes(*alive_until_300),
+        f'advmon_run_finished{{run="{RUN}"}}': minutes(*[0 if t <= 300 else v for t, v in zip(every, alive_until_300)]),
+        f'advmon_step{{run="{RUN}"}}': minutes(*[t // INTERVAL if t <= 300 else v for t, v in zip(every, alive_until_300)]),
+        'advmon_heartbeat_timestamp_seconds{run="pushed-crash"}': minutes(*frozen),
+        'advmon_run_finished{run="pushed-crash"}': minutes(*zeros),
+        'push_time_seconds{job="advmon",run="pushed-crash"}': minutes(*frozen),
+        'advmon_heartbeat_timestamp_seconds{run="finished"}': minutes(*alive_until_300),
+        'advmon_run_finished{run="finished"}': minutes(*[(1 if t == 300 else 0) if t <= 300 else v
+                                                         for t, v in zip(every, alive_until_300)]),
+        'advmon_heartbeat_timestamp_seconds{run="pushed-finished"}': minutes(*frozen),
+        'advmon_run_finished{run="pushed-finished"}': minutes(*[int(t >= 300) for t in every]),
+        'push_time_seconds{job="advmon",run="pushed-finished"}': minutes(*frozen),
+        'advmon_heartbeat_timestamp_seconds{run="deleted"}': minutes(*alive_until_300),
+        'advmon_run_finished{run="deleted"}': minutes(*[0 if t <= 300 else v for t, v in zip(every, alive_until_300)]),
+        'push_time_seconds{job="advmon",run="deleted"}': minutes(*alive_until_300),
+        'advmon_heartbeat_timestamp_seconds{instance="a",run="resumed"}': minutes(*alive_until_300),
+        'advmon_run_finished{instance="a",run="resumed"}': minutes(*[0 if t <= 300 else v
+                                                                    for t, v in zip(every, alive_until_300)]),
+        'advmon_heartbeat_timestamp_seconds{instance="b",run="resumed"}': minutes(*[t if t >= 420 else "_"
+                                                                                   for t in every]),
+        'advmon_run_finished{instance="b",run="resumed"}': minutes(*[0 if t >= 420 else "_" for t in every]),
+        'advmon_heartbeat_timestamp_seconds{run="flaky"}': minutes(*["stale" if t == 360 else t for t in every]),
+        'advmon_run_finished{run="flaky"}': minutes(*["stale" if t == 360 else 0 for t in every]),
+    }
+    checks = []
+    for t in range(60, samples * INTERVAL - INTERVAL + 1, 60):
+        if t == 3900:
+            continue
+        firing = (["pushed-crash"] if t >= 540 else []) + ([RUN] if 540 <= t <= 3840 else [])
+        checks.append(alerts_at("AdvmonRunCrashed", t, firing))
     run_promtool(tmp_path, series, checks)
 
 
@@ -195,3 +279,48 @@ def run_promtool(tmp_path: Path, series: dict[str, str], checks: list[dict]) -> 
     done = subprocess.run([require_binary("promtool"), "test", "rules", "spec-test.yml"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@pytest.mark.integration
+def test_fleet_ratios_are_sums_of_counts_over_sums_of_counts(tmp_path):
+    """job:advmon_zero_std_groups:ratio over live runs and run:advmon_zero_std_groups:ratio over a run's ranks.
+
+    a: 90 zero-std of 100 comparable groups (0.9); b: 0 of 10 (0.0); c on two ranks: 30 of 30 and 0 of 10.
+    The job: (90 + 0 + 30 + 0) / (100 + 10 + 30 + 10) = 120 / 150 = 0.8 (a mean of the runs' ratios would give
+    (0.9 + 0 + 0.75) / 3 = 0.55, of the series' (0.9 + 0 + 1 + 0) / 4 = 0.475). Run c: 30 / 40 = 0.75, not 0.5.
+    d (5 of 1000) stopped pushing at t = 0: at 300 s its heartbeat is 300 s old (> silent_seconds 180), not live.
+    """
+    rows = (("a", "n1", 100, 90, True), ("b", "n2", 10, 0, True), ("c", "n3", 30, 30, True), ("c", "n4", 10, 0, True),
+            ("d", "n5", 1000, 5, False))
+    series = {}
+    for run, instance, comparable, zero, alive in rows:
+        labels = f'instance="{instance}",job="grpo",run="{run}"'
+        series[f"advmon_comparable_groups{{{labels}}}"] = f"{comparable}x5"
+        series[f"advmon_zero_std_groups{{{labels}}}"] = f"{zero}x5"
+        series[f"advmon_zero_std_group_ratio{{{labels}}}"] = f"{zero / comparable}x5"
+        series[f"advmon_heartbeat_timestamp_seconds{{{labels}}}"] = "0+60x5" if alive else "0x5"
+    checks = [
+        {"expr": "job:advmon_zero_std_groups:ratio", "eval_time": "5m",
+         "exp_samples": [{"labels": 'job:advmon_zero_std_groups:ratio{job="grpo"}', "value": 0.8}]},
+        {"expr": 'run:advmon_zero_std_groups:ratio{run="c"}', "eval_time": "5m",
+         "exp_samples": [{"labels": 'run:advmon_zero_std_groups:ratio{job="grpo",run="c"}', "value": 0.75}]},
+        {"expr": "job:advmon_live_runs:count", "eval_time": "5m",
+         "exp_samples": [{"labels": 'job:advmon_live_runs:count{job="grpo"}', "value": 3}]},
+    ]
+    run_promtool(tmp_path, series, checks)
+
+
+@pytest.mark.integration
+def test_a_finished_runs_last_values_fire_nothing(tmp_path):
+    """A Pushgateway keeps a finished run's last values. A zero-std ratio of 0.9 and a bound ratio of 10 held
+    from t = 0 fire AdvmonAdvantageBeyondBound at once and AdvmonZeroStdGroupsHigh once held 2 minutes (3
+    records) for a run that did not finish; for one marked finished (advmon_run_finished 1) nothing fires.
+    """
+    series = {}
+    for run, finished in ((RUN, 0), ("finished", 1)):
+        series[f'advmon_zero_std_group_ratio{{run="{run}"}}'] = "0.9x10"
+        series[f'advmon_advantage_bound_ratio{{run="{run}"}}'] = "10x10"
+        series[f'advmon_run_finished{{run="{run}"}}'] = f"{finished}x10"
+    checks = [alerts_at("AdvmonAdvantageBeyondBound", 60, [RUN]), alerts_at("AdvmonZeroStdGroupsHigh", 60, []),
+              alerts_at("AdvmonZeroStdGroupsHigh", 180, [RUN]), alerts_at("AdvmonAdvantageBeyondBound", 540, [RUN])]
+    run_promtool(tmp_path, series, checks)

@@ -164,7 +164,7 @@ def test_a_notifier_that_hangs_delays_the_stop_by_close_timeout_at_most(tmp_path
         (True, "stop_on must be None, 'critical' or a list of alert names, got True"),
         ([], "stop_on is an empty list"),
         (["AdvmonNanRewards"], "stop_on: unknown alert 'AdvmonNanRewards'; known: AdvmonNonFiniteRewards"),
-        (["AdvmonRunStoppedReporting"], "AdvmonRunStoppedReporting is evaluated by Prometheus only"),
+        (["AdvmonRunHung"], "AdvmonRunHung is evaluated by Prometheus only"),
     ],
 )
 def test_stop_on_is_checked_when_the_monitor_is_made(stop_on, expected):

@@ -31,8 +31,10 @@ from advmon.rules import (
     format_duration,
     format_number,
     group_bound,
+    fleet_recording_rules,
     recording_rules,
     runbook_link,
+    unless_finished,
 )
 from advmon.alerts.runbooks import check_first
 
@@ -101,16 +103,20 @@ class AlertSettings:
         records = math.ceil(self.for_seconds / self.interval_seconds - 1e-9) + 1
         return tuple(replace(rule, for_records=records) if rule.for_records > 1 else rule for rule in CATALOG)
 
-    def step_query(self) -> str:
-        """Go template text giving the run's current step (its ``advmon_step``)."""
+    def step_query(self, lookback: str = "") -> str:
+        """Go template text giving the run's current step (its ``advmon_step``), or its last one within the
+        ``lookback`` threshold's seconds (a run that vanished)."""
         selector = self.context.metric("advmon_step", run="%q").replace('"%q"', "%q")
+        if lookback:
+            selector = f"last_over_time({selector}[{format_duration(self.thresholds[lookback])}])"
         return f'{{{{ with printf `{selector}` $labels.run | query }}}}{{{{ . | first | value | printf "%.0f" }}}}{{{{ end }}}}'
 
     def annotations(self, rule: Rule) -> dict[str, str]:
         numbers = {name: format_number(value) for name, value in self.thresholds.items()}
         labels = {label: f"{{{{ $labels.{label} }}}}" for label in rule.extra_labels}
         description = rule.description.format(
-            run="{{ $labels.run }}", value='{{ $value | printf "%.4g" }}', step=self.step_query(), **labels, **numbers
+            run="{{ $labels.run }}", value='{{ $value | printf "%.4g" }}', step=self.step_query(rule.step_lookback),
+            **labels, **numbers
         )
         annotations = {
             "summary": rule.summary,
@@ -125,11 +131,13 @@ class AlertSettings:
 
 
 def prometheus_rules(settings: AlertSettings) -> dict[str, Any]:
-    """The rule file as data: one group, recording rules first (read by the alerts at the same evaluation)."""
+    """The rule file as data: the alerts' group (its recording rules first, read by the alerts at the same
+    evaluation), then the fleet's recording rules (:func:`advmon.rules.fleet_recording_rules`)."""
     ctx, t = settings.context, settings.thresholds
     entries: list[dict[str, Any]] = [{"record": name, "expr": expr} for name, expr in recording_rules(t, ctx)]
     for rule in CATALOG:
-        entry: dict[str, Any] = {"alert": rule.name, "expr": rule.promql(t, ctx)}
+        expr = rule.promql(t, ctx) if rule.evaluate is None else unless_finished(rule.promql(t, ctx), ctx)
+        entry: dict[str, Any] = {"alert": rule.name, "expr": expr}
         pending = settings.pending(rule)
         if pending > 0:
             entry["for"] = format_duration(pending)
@@ -137,7 +145,9 @@ def prometheus_rules(settings: AlertSettings) -> dict[str, Any]:
         entry["annotations"] = settings.annotations(rule)
         entries.append(entry)
     group = {"name": "advmon", "interval": format_duration(settings.interval_seconds), "rules": entries}
-    return {"groups": [group]}
+    fleet = {"name": "advmon-fleet", "interval": format_duration(settings.interval_seconds),
+             "rules": [{"record": name, "expr": expr} for name, expr in fleet_recording_rules(t, ctx)]}
+    return {"groups": [group, fleet]}
 
 
 def dump_yaml(data: Any, header: str = "") -> str:
@@ -164,6 +174,8 @@ def _gauges() -> list[tuple[str, str, dict[str, str]]]:
     gauges += [
         ("groups/zero_std_fraction", "advmon_zero_std_group_ratio", {}),
         ("groups/count", "advmon_groups", {}),
+        ("groups/comparable_count", "advmon_comparable_groups", {}),
+        ("groups/zero_std_count", "advmon_zero_std_groups", {}),
         ("groups/max_size", "advmon_group_max_size", {}),
         ("groups/bound_size", "advmon_group_bound_size", {}),
         ("advantages/bound_ratio", "advmon_advantage_bound_ratio", {}),
@@ -404,9 +416,11 @@ def promtool_tests(settings: AlertSettings, rules_path: str = f"../{RULES_FILE}"
     interval = settings.interval_seconds
     tests = []
     rules = settings.rules()
+    state_rules = [rule for rule in rules if rule.evaluate is None]
+    if state_rules:
+        tests.append(_run_state_test(state_rules, settings))
     for rule in rules:
         if rule.evaluate is None:
-            tests.append(_stale_test(rule, settings))
             continue
         run = f"{rule.name.removeprefix('Advmon').lower()}-run"
         broken = scenario(rule, t, run, interval)
@@ -438,6 +452,7 @@ def promtool_tests(settings: AlertSettings, rules_path: str = f"../{RULES_FILE}"
                 ],
             }
         )
+    tests.append(_fleet_test(settings))
     kinds = _normalization_kinds_test(settings)
     if kinds is not None:
         tests.append(kinds)
@@ -526,44 +541,175 @@ def _fired_value(samples: Sequence[_Sample], t: Thresholds, rule: Rule, labels: 
     raise AssertionError(f"{rule.name} never fired")  # pragma: no cover - scenario() guarantees it
 
 
-def _stale_test(rule: Rule, settings: AlertSettings) -> dict[str, Any]:
-    """A run whose last record is at t=0 goes stale; one that keeps reporting does not."""
-    interval = settings.interval_seconds
-    stale = settings.thresholds["stale_seconds"]
-    samples = math.floor(stale / interval) + 3
-    fire_at = math.floor(stale / interval) + 1  # first evaluation with time() - 0 > stale
-    step_query_value = "7"
-    extra = settings.selector_labels
+#: The runs of the run-state test, each on one delivery path (its heartbeat is then the scrape's or the push's
+#: time): ``(run, what its series do after the change at sample CHANGE)``.
+_STATE_RUNS = (
+    ("running", "scrape: keeps recording"),
+    ("finished-scraped", "scrape: closes cleanly, scraped once finished, then its endpoint is gone"),
+    ("crashed-scraped", "scrape: killed, its endpoint is gone"),
+    ("hung-scraped", "scrape: alive, scraped, no record after the change"),
+    ("finished-pushed", "push: closes cleanly, its group stays marked finished"),
+    ("finished-late-pushed", "push: no record after the change, closes cleanly just before it would count as hung"),
+    ("crashed-pushed", "push: killed, its group stays with the last heartbeat"),
+    ("deleted-pushed", "push: closes cleanly with delete_on_close, its group is gone"),
+    ("hung-pushed", "push: alive, the heartbeat goes on, no record after the change"),
+)
+_CHANGE = 2  # the sample at which each run does what its name says
 
-    def series(name: str, run: str) -> str:
-        return _series_text(name, {"run": run, **extra})
 
-    annotations = settings.annotations(rule)
-    annotations["description"] = rule.render_description(
-        "stopped-run", fire_at * interval, int(step_query_value), {}, settings.thresholds
-    )
+def _state_series(run: str, samples: int, interval: float, late: int) -> dict[str, str]:
+    """promtool values of one run's state series: ``{metric: values}`` (``stale``: the series ended there);
+    ``late``: the sample at which the late run closes."""
+    change, rest = _CHANGE, samples - _CHANGE - 1
+    live = f"0+{format_number(interval)}x{samples - 1}"  # the sample's own time: a scrape, or a push
+    until_change = f"0+{format_number(interval)}x{change}"  # samples 0..CHANGE
+    frozen = f"{until_change} {format_number(change * interval)}x{rest - 1}"
+    gone = f"{until_change} stale"
+    step = f"0+1x{change} {change}x{rest - 1}"
+    if run == "running":
+        return {"run_finished": f"0x{samples - 1}", "heartbeat": live, "last_update": live, "step": f"0+1x{samples - 1}"}
+    if run == "finished-scraped":
+        return {"run_finished": f"0x{change} 1 stale", "heartbeat": f"0+{format_number(interval)}x{change + 1} stale",
+                "last_update": f"{until_change} {format_number(change * interval)} stale", "step": f"0+1x{change} {change} stale"}
+    if run == "crashed-scraped":
+        return {"run_finished": f"0x{change} stale", "heartbeat": gone, "last_update": gone, "step": f"0+1x{change} stale"}
+    if run in ("hung-scraped", "hung-pushed"):
+        return {"run_finished": f"0x{samples - 1}", "heartbeat": live, "last_update": frozen, "step": step}
+    if run == "finished-pushed":
+        return {"run_finished": f"0x{change} 1x{rest - 1}", "heartbeat": frozen, "last_update": frozen, "step": step,
+                "push_time": frozen}
+    if run == "finished-late-pushed":
+        pushed = f"0+{format_number(interval)}x{late} {format_number(late * interval)}x{samples - late - 2}"
+        return {"run_finished": f"0x{late - 1} 1x{samples - late - 1}", "heartbeat": pushed, "last_update": frozen,
+                "step": step, "push_time": pushed}
+    if run == "crashed-pushed":
+        return {"run_finished": f"0x{samples - 1}", "heartbeat": frozen, "last_update": frozen, "step": step,
+                "push_time": frozen}
+    return {"run_finished": f"0x{change} stale", "heartbeat": gone, "last_update": gone, "step": f"0+1x{change} stale",
+            "push_time": gone}  # deleted-pushed
+
+
+def _run_state_test(rules: Sequence[Rule], settings: AlertSettings) -> dict[str, Any]:
+    """Eight runs, four states on two delivery paths: only the crashed ones fire AdvmonRunCrashed (from
+    ``silent_seconds`` after they were last seen, a scrape target until ``crash_memory_seconds``), only the hung
+    ones AdvmonRunHung (from ``stale_seconds`` after their last record); running and finished runs never fire."""
+    t, interval, extra = settings.thresholds, settings.interval_seconds, settings.selector_labels
+    seen = _CHANGE * interval  # when the crashed runs were last seen, and the hung ones last recorded
+    crash_at = (math.floor(t["silent_seconds"] / interval) + 1) * interval + seen
+    hung_at = (math.floor(t["stale_seconds"] / interval) + 1) * interval + seen
+    forgotten = (math.floor(t["crash_memory_seconds"] / interval) + 1) * interval + seen
+    samples = int(max(crash_at, hung_at, forgotten) / interval) + 2
+    names = {"run_finished": "advmon_run_finished", "heartbeat": "advmon_heartbeat_timestamp_seconds",
+             "last_update": "advmon_last_update_timestamp_seconds", "step": "advmon_step", "push_time": "push_time_seconds"}
+    series = []
+    for run, _ in _STATE_RUNS:
+        for key, values in _state_series(run, samples, interval, round(hung_at / interval) - 1).items():
+            labels = {"run": run, **extra}
+            if key == "push_time":
+                labels["job"] = labels.get("job", "advmon")
+            series.append({"series": _series_text(names[key], labels), "values": values})
+    by_name = {rule.name: rule for rule in rules}
+    expectations: list[tuple[float, str, list[str]]] = []  # (time, alert, firing runs)
+    if "AdvmonRunCrashed" in by_name:
+        expectations += [(crash_at - interval, "AdvmonRunCrashed", []),
+                         (crash_at, "AdvmonRunCrashed", ["crashed-pushed", "crashed-scraped"]),
+                         (forgotten, "AdvmonRunCrashed", ["crashed-pushed"])]
+    if "AdvmonRunHung" in by_name:
+        expectations += [(hung_at - interval, "AdvmonRunHung", []),
+                         (hung_at, "AdvmonRunHung", ["hung-pushed", "hung-scraped"])]
+    checks = []
+    for moment, alert, runs in sorted(expectations):
+        rule = by_name[alert]
+        labels = [{"alertname": alert, "alertstate": "firing", "run": run, "severity": rule.severity, **extra}
+                  for run in runs]
+        samples_expected = [{"labels": _series_text("ALERTS", one), "value": 1} for one in labels]
+        checks.append({"expr": f'ALERTS{{alertname="{alert}",alertstate="firing"}}', "eval_time": format_duration(moment),
+                       "exp_samples": samples_expected})
+    alert_tests = []
+    for alert, run, moment, value, step in (("AdvmonRunCrashed", "crashed-scraped", crash_at, crash_at - seen, _CHANGE),
+                                            ("AdvmonRunHung", "hung-scraped", hung_at, hung_at - seen, _CHANGE)):
+        if alert not in by_name:
+            continue
+        rule = by_name[alert]
+        annotations = settings.annotations(rule)
+        annotations["description"] = rule.render_description(run, value, step, {}, t)
+        others = "crashed-pushed" if alert == "AdvmonRunCrashed" else "hung-pushed"
+        expected = [{"exp_labels": {"severity": rule.severity, "run": name, **extra}, "exp_annotations": {
+            **annotations, "description": rule.render_description(name, value, step, {}, t)}} for name in (run, others)]
+        alert_tests.append({"eval_time": format_duration(moment), "alertname": alert,
+                            "exp_alerts": sorted(expected, key=lambda a: a["exp_labels"]["run"])})
     return {
-        "name": f"{rule.name} fires once a run is silent for stale_seconds, and not while it reports",
+        "name": "Run state: only crashed runs fire AdvmonRunCrashed, only hung ones AdvmonRunHung, finished ones "
+                "never (" + "; ".join(f"{run}: {what}" for run, what in _STATE_RUNS) + ")",
         "interval": format_duration(interval),
-        "input_series": [
-            {"series": series("advmon_last_update_timestamp_seconds", "stopped-run"), "values": f"0x{samples}"},
-            {"series": series("advmon_step", "stopped-run"), "values": f"{step_query_value}x{samples}"},
-            {
-                "series": series("advmon_last_update_timestamp_seconds", "healthy-run"),
-                "values": f"0+{format_number(interval)}x{samples}",
-            },
-        ],
-        "alert_rule_test": [
-            {"eval_time": format_duration((fire_at - 1) * interval), "alertname": rule.name, "exp_alerts": []},
-            {
-                "eval_time": format_duration(fire_at * interval),
-                "alertname": rule.name,
-                "exp_alerts": [
-                    {
-                        "exp_labels": {"severity": rule.severity, "run": "stopped-run", **extra},
-                        "exp_annotations": annotations,
-                    }
-                ],
-            },
-        ],
+        "input_series": series,
+        "alert_rule_test": alert_tests,
+        "promql_expr_test": checks,
+    }
+
+
+#: The fleet test's series: (run, instance, comparable groups, zero-std groups, all-fail ratio, all-pass ratio,
+#: post-norm |A| max, step, alive). "ranks" is one run on two ranks; "gone" crashed long ago (its heartbeat froze).
+_FLEET_SERIES = (
+    ("big", "node-1:9464", 100, 90, 0.5, 0.1, 2.5, 10, True),
+    ("small", "node-2:9464", 10, 0, 0.1, 0.9, 1.0, 12, True),
+    ("ranks", "node-3:9464", 30, 30, 0.2, 0.0, 1.5, 7, True),
+    ("ranks", "node-4:9464", 10, 0, 0.6, 0.3, 4.0, 8, True),
+    ("gone", "node-5:9464", 1000, 0, 0.0, 0.0, 9.0, 3, False),
+)
+
+
+def _fleet_test(settings: AlertSettings) -> dict[str, Any]:
+    """The fleet's ratios are sums of counts over sums of counts over the live runs (0.8 here, where a mean of
+    the runs' ratios gives 0.55), a run's are over its ranks (0.75, not 0.5), its |A| and step the ranks' max."""
+    from fractions import Fraction
+
+    t, interval, extra = settings.thresholds, settings.interval_seconds, settings.selector_labels
+    at = (math.floor(t["silent_seconds"] / interval) + 2) * interval  # "gone"'s heartbeat, frozen at 0, is stale
+    samples = round(at / interval) + 1
+    job = {"job": extra.get("job", "grpo")}
+    series = []
+    for run, instance, comparable, zero, fail, passed, peak, step, alive in _FLEET_SERIES:
+        labels = {**extra, **job, "instance": instance, "run": run}
+        heartbeat = f"0+{format_number(interval)}x{samples - 1}" if alive else f"0x{samples - 1}"
+        for name, values in (("advmon_comparable_groups", f"{comparable}x{samples - 1}"),
+                             ("advmon_zero_std_groups", f"{zero}x{samples - 1}"),
+                             # The per-run ratio is there too, so that a mean of ratios would have its numbers.
+                             ("advmon_zero_std_group_ratio", f"{format_number(zero / comparable)}x{samples - 1}"),
+                             ("advmon_group_all_fail_ratio", f"{format_number(fail)}x{samples - 1}"),
+                             ("advmon_group_all_pass_ratio", f"{format_number(passed)}x{samples - 1}"),
+                             ("advmon_step", f"{step}x{samples - 1}"),
+                             ("advmon_heartbeat_timestamp_seconds", heartbeat)):
+            series.append({"series": _series_text(name, labels), "values": values})
+        series.append({"series": _series_text("advmon_advantage_abs_max", {**labels, "stage": "post_norm"}),
+                       "values": f"{format_number(peak)}x{samples - 1}"})
+    live = [row for row in _FLEET_SERIES if row[-1]]
+
+    def over(rows: Sequence[tuple], numerator: Callable[[tuple], Fraction]) -> float:
+        return float(sum((numerator(r) for r in rows), Fraction(0)) / sum(Fraction(r[2]) for r in rows))
+
+    ranks = [row for row in _FLEET_SERIES if row[0] == "ranks"]
+    job_labels, ranks_labels = {**extra, **job}, {**extra, **job, "run": "ranks"}
+
+    def check(record: str, labels: dict[str, str], value: float) -> dict[str, Any]:
+        run = f'{{run="{labels["run"]}"}}' if "run" in labels else ""
+        return {"expr": record + run, "eval_time": format_duration(at),
+                "exp_samples": [{"labels": _series_text(record, labels), "value": value}]}
+
+    checks = [
+        check("job:advmon_zero_std_groups:ratio", job_labels, over(live, lambda r: Fraction(r[3]))),
+        check("job:advmon_group_all_fail:ratio", job_labels,
+              over(live, lambda r: Fraction(str(r[4])) * r[2])),
+        check("job:advmon_group_all_pass:ratio", job_labels,
+              over(live, lambda r: Fraction(str(r[5])) * r[2])),
+        check("job:advmon_live_runs:count", job_labels, float(len({r[0] for r in live}))),
+        check("run:advmon_zero_std_groups:ratio", ranks_labels, over(ranks, lambda r: Fraction(r[3]))),
+        check("run:advmon_advantage_abs_max:max", {**ranks_labels, "stage": "post_norm"}, max(r[6] for r in ranks)),
+        check("run:advmon_step:max", ranks_labels, float(max(r[7] for r in ranks))),
+    ]
+    return {
+        "name": "Fleet recording rules: sums of counts over sums of counts, over live runs and over a run's ranks",
+        "interval": format_duration(interval),
+        "input_series": series,
+        "promql_expr_test": checks,
     }

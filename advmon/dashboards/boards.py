@@ -7,21 +7,41 @@ the alert fires: one source, never two copies of a number.
 
 from __future__ import annotations
 
-from advmon.dashboards.build import Board, BoardContext, PanelSpec, Query, Row, ThresholdStep, Variable
+from advmon.dashboards.build import (
+    Board,
+    BoardContext,
+    Column,
+    PanelSpec,
+    Query,
+    Row,
+    ThresholdStep,
+    ValueText,
+    Variable,
+)
 from advmon.rules import (
+    JOB_ZERO_STD,
     POST_MEAN_MEDIAN,
     PRE_STD_MEDIAN,
     REWARD_MEAN_MEDIAN,
+    RUN_ABS_MAX,
+    RUN_BOUND_RATIO,
+    RUN_LAST_UPDATE,
+    RUN_NONFINITE,
+    RUN_STEP,
+    RUN_ZERO_STD,
     PromContext,
+    dashboard_link,
+    format_duration,
     Thresholds,
     format_number,
     runbook_link,
 )
 
-__all__ = ["compare_board", "health_board"]
+__all__ = ["compare_board", "fleet_board", "health_board"]
 
 HEALTH_UID = "advmon-health"
 COMPARE_UID = "advmon-compare"
+FLEET_UID = "advmon-fleet"
 RUN_LABELS = "job, instance, run"
 
 
@@ -93,10 +113,10 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
             PanelSpec(
                 "Seconds since the last record",
                 f"Time since the most stale selected run last reported. Red from {t['stale_seconds']:g} s "
-                "(AdvmonRunStoppedReporting).",
+                "(AdvmonRunHung).",
                 "s", [Query(f'time() - min({m("advmon_last_update_timestamp_seconds")})', "age")], kind="stat",
                 width=4, height=5, thresholds=red_from(t["stale_seconds"]),
-                links=[_runbook(runbook_base, "AdvmonRunStoppedReporting")],
+                links=[_runbook(runbook_base, "AdvmonRunHung")],
             ),
             PanelSpec(
                 "Current step",
@@ -354,4 +374,124 @@ def compare_board(context: BoardContext, thresholds: Thresholds, runbook_base: s
             Variable("shift_a", "Shift run A", kind="textbox", default=""),
         ],
         links=[("Runbooks", runbook_base), ("Advantage health", f"/d/{HEALTH_UID}")],
+    )
+
+
+#: The fleet table's State column: (code, text, colour); the Severity column's, worst first.
+STATES = (ValueText(0, "running", "green"), ValueText(1, "finished", "blue"), ValueText(2, "hung", "orange"),
+          ValueText(3, "crashed", "red"))
+SEVERITY_RANKS = (ValueText(3, "critical", "red"), ValueText(2, "warning", "orange"), ValueText(1, "info", "yellow"),
+                  ValueText(0, "none", "green"), ValueText(-1, "finished", "blue"))
+NO_RUNS = "No advmon run matches this selection: check the job variable and the board's selector"
+
+
+def fleet_board(context: BoardContext, thresholds: Thresholds, runbook_base: str = "") -> Board:
+    """Every run of the selected jobs in one table, worst first: state, worst alert, step, staleness, signals.
+
+    The columns read the fleet recording rules (:func:`advmon.rules.fleet_recording_rules`: a run's figures
+    over its ranks) and Prometheus's ``ALERTS``, looking back ``crash_memory_seconds`` so that a crashed run
+    keeps its last values; each run links to its health board around its last record.
+    """
+    t = thresholds
+    memory = format_duration(t["crash_memory_seconds"])
+    m = _Metrics(context, 'job=~"$job"')
+    recorded = PromContext(selector=_selector(context, 'job=~"$job"'), ray_prefix=False).metric
+    by = "by (job, run)"
+
+    def last(record: str, **labels: str) -> str:
+        return f"max {by} (last_over_time({recorded(record, **labels)}[{memory}]))"
+
+    finished = f"last_over_time({m('advmon_run_finished')}[{memory}])"
+    firing = lambda **labels: m("ALERTS", alertstate="firing", **labels)  # noqa: E731
+    state = (f"3 * max {by} ({firing(alertname='AdvmonRunCrashed')}) or 2 * max {by} ({firing(alertname='AdvmonRunHung')})"
+             f" or max {by} ({finished} == 1) or 0 * max {by} ({finished})")
+    advmon_alerts = {severity: firing(severity=severity).replace("}", ',alertname=~"Advmon.*"}')
+                     for severity in ("critical", "warning", "info")}
+    ranked = " or ".join(f"{rank} * max by (job, run, alertname) ({advmon_alerts[severity]})"
+                         for rank, severity in ((3, "critical"), (2, "warning"), (1, "info")))
+    severity = f"max {by} ({ranked}) or -1 * max {by} ({finished} == 1) or 0 * max {by} ({finished})"
+    link = dashboard_link(f"/d/{HEALTH_UID}", "${__data.fields.run}", "${__data.fields.last_record_ms}")
+    link = link.replace("?var-run=", "?var-job=${__data.fields.job}&var-run=")
+    red_from = lambda value: (ThresholdStep("green"), ThresholdStep("red", value))  # noqa: E731
+    table = PanelSpec(
+        "Runs, worst first",
+        "One row a run (its ranks together): its state (running; finished: closed cleanly; crashed: gone without "
+        "closing; hung: alive without records), its worst firing advmon alert, its last step, the seconds since "
+        f"its last record (red from {t['stale_seconds']:g} s), its zero-std group ratio (red from "
+        f"{t['zero_std_ratio']:g}), its largest |A| and |A| as a share of what the bound alert allows "
+        f"({t['bound_factor']:g} x its normalization's bound), and its NaN/Inf rewards and advantages of the last "
+        "hour. Sorted by the worst alert's severity; a finished run last. The run's name opens its health board "
+        f"on the hour around its last record. Crashed runs keep their last values for {memory}.",
+        "none",
+        [
+            Query(state, "state"),
+            Query(f"topk {by} (1, {ranked})", "worst alert"),
+            Query(severity, "severity"),
+            Query(last(RUN_STEP), "step"),
+            Query(f"time() - {last(RUN_LAST_UPDATE)}", "since last record"),
+            Query(last(RUN_ZERO_STD), "zero-std"),
+            Query(last(RUN_ABS_MAX, stage="post_norm"), "|A| max"),
+            Query(f"{last(RUN_BOUND_RATIO)} / {format_number(t['bound_factor'])}", "|A| / bound"),
+            Query(f'round(sum {by} ({recorded(RUN_NONFINITE)}) and on (job, run) '
+                  f'sum {by} ({recorded(RUN_NONFINITE, stage="reward")} or {recorded(RUN_NONFINITE, stage="post_norm")}))',
+                  "NaN/Inf"),
+            Query(f"1000 * {last(RUN_LAST_UPDATE)}", "last record"),
+        ],
+        kind="table", width=24, height=20,
+        columns=[
+            Column("run", label="run", link=("Health board of this run, around its last record", link)),
+            Column("job", label="job"),
+            Column("State", texts=STATES),
+            Column("Worst alert", label="alertname"),
+            Column("Worst alert value", hidden=True),
+            Column("Severity", texts=SEVERITY_RANKS),
+            Column("Step", decimals=0),
+            Column("Since last record", unit="s", thresholds=red_from(t["stale_seconds"]), decimals=0),
+            Column("Zero-std ratio", unit="percentunit", thresholds=red_from(t["zero_std_ratio"])),
+            Column("|A| max"),
+            Column("|A| / bound", unit="percentunit", thresholds=red_from(1.0)),
+            Column("NaN/Inf, last hour", thresholds=red_from(1), decimals=0),
+            Column("last_record_ms", hidden=True),
+        ],
+        sort_by="Severity",
+        no_data=NO_RUNS,
+        links=[("Runbooks", runbook_base)],
+    )
+    runs = PanelSpec(
+        "Runs",
+        "How many runs the selection holds (seen in the last "
+        f"{memory}). 0 means the job variable or the board's selector matches no advmon run: the table below "
+        "is then empty for that reason, not because all is well.",
+        "none", [Query(f"count(max {by} ({finished})) or vector(0)", "runs")], kind="stat", width=6, height=4,
+        texts=(ValueText(0, NO_RUNS, "red"),), thresholds=(ThresholdStep("red"), ThresholdStep("green", 1)),
+    )
+    states = [
+        PanelSpec(
+            title, f"Runs {meaning} now ({rule}).", "none", [Query(f"count(({state}) == {code}) or vector(0)", title)],
+            kind="stat", width=3, height=4, thresholds=colour,
+        )
+        for title, meaning, rule, code, colour in (
+            ("Crashed", "gone without closing", "AdvmonRunCrashed", 3, red_from(1)),
+            ("Hung", "alive without records", "AdvmonRunHung", 2, red_from(1)),
+            ("Running", "alive and recording", "no state alert", 0, (ThresholdStep("green"),)),
+            ("Finished", "closed cleanly", "never an alert", 1, (ThresholdStep("blue"),)),
+        )
+    ]
+    fleet_ratio = PanelSpec(
+        "Zero-std ratio of the live runs",
+        "Zero-std groups of all live runs over their groups with two finite rewards or more, per job "
+        f"({JOB_ZERO_STD}: a sum over a sum, never a mean of the runs' ratios).",
+        "percentunit", [Query(PromContext(selector=_selector(context, 'job=~"$job"'), ray_prefix=False).metric(JOB_ZERO_STD),
+                              "{{job}}")],
+        kind="stat", width=6, height=4, thresholds=red_from(t["zero_std_ratio"]),
+    )
+    return Board(
+        title="advmon: fleet",
+        uid=FLEET_UID,
+        description="Every advmon run of the selected jobs in one table, worst first, each linked to its health board.",
+        rows=[Row("Fleet", [runs, *states, fleet_ratio]), Row("Runs", [table])],
+        variables=[Variable("job", "Job", _label_values(context, "job", metric="advmon_run_finished"), multi=True,
+                            include_all=True)],
+        links=[("Runbooks", runbook_base), ("Advantage health", f"/d/{HEALTH_UID}")],
+        time_from="now-1h",
     )

@@ -24,7 +24,8 @@ from typing import Any, Literal
 import grafanalib.core as g
 from grafanalib._gen import DashboardEncoder
 
-__all__ = ["Board", "BoardContext", "PanelSpec", "Query", "Row", "ThresholdStep", "Variable", "dumps"]
+__all__ = ["Board", "BoardContext", "Column", "PanelSpec", "Query", "Row", "ThresholdStep", "ValueText", "Variable",
+           "dumps"]
 
 SCHEMA_VERSION = 39
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -60,6 +61,29 @@ class ThresholdStep:
 
 
 @dataclass(frozen=True)
+class ValueText:
+    """A value shown as words, in a colour (Grafana's value mapping)."""
+
+    value: float
+    text: str
+    color: str
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: a label of the rows (``label``) or the value of the query at the same position."""
+
+    title: str
+    unit: str = "none"
+    thresholds: Sequence[ThresholdStep] = ()
+    texts: Sequence[ValueText] = ()
+    link: tuple[str, str] | None = None  # (title, url), Grafana's ${__data.fields...} allowed
+    label: str = ""
+    hidden: bool = False
+    decimals: int | None = None
+
+
+@dataclass(frozen=True)
 class PanelSpec:
     """One panel: what it shows, how to read it, its unit, its queries."""
 
@@ -67,7 +91,7 @@ class PanelSpec:
     description: str
     unit: str
     queries: Sequence[Query]
-    kind: Literal["stat", "timeseries"] = "timeseries"
+    kind: Literal["stat", "timeseries", "table"] = "timeseries"
     width: int = 12
     height: int = 8
     thresholds: Sequence[ThresholdStep] = ()
@@ -75,6 +99,12 @@ class PanelSpec:
     reduce: str = "lastNotNull"
     fill_below_to: str | None = None  # legend of a series to shade down to (std bands)
     repeat: str | None = None  # a variable: one copy of the panel per selected value, side by side
+    texts: Sequence[ValueText] = ()  # a stat's values shown as words
+    #: A table: one row per value of the queries' common labels, the label columns first, then one column per
+    #: query (instant, in order); ``sort_by`` the column title the rows are sorted by, descending.
+    columns: Sequence[Column] = ()
+    sort_by: str = ""
+    no_data: str = ""  # what the panel says when its queries return nothing
 
 
 @dataclass(frozen=True)
@@ -207,11 +237,65 @@ def _panel(spec: PanelSpec, position: g.GridPos, panel_id: int) -> Any:
         title=spec.title, description=spec.description, dataSource="${datasource}", targets=targets,
         gridPos=position, id=panel_id, links=links,
         extraJson={"_advmon": {"fill_below_to": spec.fill_below_to, "thresholds": _steps(spec), "repeat": spec.repeat,
-                               "exemplars": [q.exemplar for q in spec.queries]}},
+                               "exemplars": [q.exemplar for q in spec.queries],
+                               "texts": [[t.value, t.text, t.color] for t in spec.texts], "no_data": spec.no_data}},
     )
     if spec.kind == "stat":
         return g.Stat(**common, format=spec.unit, reduceCalc=spec.reduce, graphMode="none", textMode="value_and_name")
+    if spec.kind == "table":
+        for target in targets:
+            target.format, target.instant = "table", True
+        common["extraJson"]["_advmon"]["_table"] = _table_options(spec)
+        return g.Table(**common, unit=spec.unit)
     return g.TimeSeries(**common, unit=spec.unit, legendDisplayMode="table", legendCalcs=["lastNotNull", "max", "min"])
+
+
+def _table_options(spec: PanelSpec) -> dict[str, Any]:
+    """The merge of the queries' rows by their labels, the columns' names, order, units, colours and links."""
+    values = [column for column in spec.columns if not column.label]
+    if len(values) != len(spec.queries):
+        raise ValueError(f"{spec.title}: {len(spec.queries)} queries but {len(values)} value columns")
+    rename = {f"Value #{chr(ord('A') + i)}": column.title for i, column in enumerate(values)}
+    rename.update({column.label: column.title for column in spec.columns if column.label})
+    order = {("" if c.label else "Value #") + (c.label or chr(ord("A") + values.index(c))): i
+             for i, c in enumerate(spec.columns)}
+    overrides = []
+    for column in spec.columns:
+        properties: list[dict[str, Any]] = [{"id": "unit", "value": column.unit}]
+        if column.decimals is not None:
+            properties.append({"id": "decimals", "value": column.decimals})
+        if column.thresholds:
+            properties += [{"id": "thresholds", "value": {"mode": "absolute", "steps": [
+                {"color": step.color, "value": step.value} for step in column.thresholds]}},
+                           {"id": "custom.cellOptions", "value": {"type": "color-background"}}]
+        if column.texts:
+            properties.append({"id": "mappings", "value": _mappings(column.texts)})
+            properties.append({"id": "custom.cellOptions", "value": {"type": "color-text"}})
+        if column.link is not None:
+            properties.append({"id": "links", "value": [{"title": column.link[0], "url": column.link[1]}]})
+        overrides.append({"matcher": {"id": "byName", "options": column.title}, "properties": properties})
+    hidden = {column.title: True for column in spec.columns if column.hidden}
+    return {
+        "transformations": [
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {"excludeByName": {"Time": True}, "indexByName": order,
+                                           "renameByName": rename}},
+        ],
+        "overrides": overrides,
+        "hidden": hidden,
+        "sort_by": spec.sort_by,
+    }
+
+
+def _mappings(texts: Sequence[ValueText | Sequence[Any]]) -> list[dict[str, Any]]:
+    found = [t if isinstance(t, ValueText) else ValueText(*t) for t in texts]
+    return [{"type": "value", "options": {format_value(t.value): {"text": t.text, "color": t.color, "index": i}}}
+            for i, t in enumerate(found)]
+
+
+def format_value(value: float) -> str:
+    """A mapped value as Grafana keys it: ``0``, ``1.5``."""
+    return str(int(value)) if value == int(value) else repr(value)
 
 
 def _steps(spec: PanelSpec) -> list[dict[str, Any]]:
@@ -246,6 +330,20 @@ def _normalize_panel(panel: dict[str, Any]) -> None:
     if panel["type"] == "stat" and len(extra["thresholds"]) > 1:
         defaults["color"] = {"mode": "thresholds"}
     defaults["unit"] = defaults.get("unit") or "none"
+    if extra.get("texts"):
+        defaults["mappings"] = _mappings(extra["texts"])
+    if extra.get("no_data"):
+        defaults["noValue"] = extra["no_data"]
+    table = extra.get("_table")
+    if table:
+        panel["transformations"] = table["transformations"]
+        field_config["overrides"] = table["overrides"] + [
+            {"matcher": {"id": "byName", "options": title}, "properties": [{"id": "custom.hidden", "value": True}]}
+            for title in sorted(table["hidden"])]
+        panel["options"] = {"showHeader": True, "cellHeight": "sm", "footer": {"show": False},
+                            "sortBy": [{"displayName": table["sort_by"], "desc": True}] if table["sort_by"] else []}
+        for key in ("columns", "styles", "fontSize", "mappings", "color"):
+            panel.pop(key, None)
 
 
 def _fill_between(legend_regex: str) -> dict[str, Any]:

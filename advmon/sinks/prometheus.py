@@ -10,8 +10,17 @@ Gauges: ``advmon_advantage_{mean,std,min,max,abs_mean}{stage="pre_norm|post_norm
 ``advmon_advantage_percentile{stage,percentile="1|10|50|90|99"}``,
 ``advmon_reward_{mean,std,min,max}``, ``advmon_zero_std_group_ratio``,
 ``advmon_group_all_fail_ratio`` and ``advmon_group_all_pass_ratio`` (with a reward range),
-``advmon_groups``, ``advmon_group_max_size`` (the largest group, which bounds a
+``advmon_groups``, ``advmon_comparable_groups`` (with two finite rewards or more: the
+ratios' denominator) and ``advmon_zero_std_groups`` (their numerator: a fleet's ratio is a
+sum over a sum), ``advmon_group_max_size`` (the largest group, which bounds a
 normalized advantage), ``advmon_step``, ``advmon_last_update_timestamp_seconds``.
+
+A run's state (docs/alerts.md, "Run state"), exposed from the start: ``advmon_run_finished``
+(0 while the run runs, 1 once its monitor closed cleanly) and
+``advmon_heartbeat_timestamp_seconds`` (when advmon last showed the run alive: the time of
+this scrape, or of this push; the Pushgateway sink pushes at least every
+``heartbeat_seconds`` even without records). The last record's time is not a sign of
+life: a hung run is alive without records, a crashed one is gone without finishing.
 
 Counters: ``advmon_nonfinite_values_total{stage="reward|pre_norm|post_norm",kind="nan|inf"}``,
 ``advmon_updates_total``, ``advmon_internal_errors_total``,
@@ -33,7 +42,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -69,6 +80,12 @@ class AdvmonCollector:
         self._sinks = dict.fromkeys(sink_names)  # ordered set of sink names
         #: (stage, kind) -> (exemplar labels, value, time): the worst group of the latest step that counted there.
         self._exemplars: dict[tuple[str, str], tuple[dict[str, str], float, float]] = {}
+        self._finished = False
+
+    def finish(self) -> None:
+        """Mark the run finished (its monitor closed cleanly): ``advmon_run_finished`` becomes 1."""
+        with self._lock:
+            self._finished = True
 
     def continue_from(self, counters: dict[tuple[str, tuple], float]) -> None:
         """Add counts already published for this run (a continued run) to the accumulated counters."""
@@ -107,7 +124,7 @@ class AdvmonCollector:
 
         with self._lock:
             record, nonfinite, updates, sinks = self._latest, dict(self._nonfinite), self._updates, list(self._sinks)
-            exemplars = dict(self._exemplars)
+            exemplars, finished = dict(self._exemplars), self._finished
         run = self.run
         metrics = record.metrics if record is not None else {}
 
@@ -139,6 +156,13 @@ class AdvmonCollector:
             for sink in sinks:
                 family.add_metric([run, sink], metrics.get(f"{key}/{sink}", 0.0))
             yield family
+        family = gauge("advmon_run_finished", "1 once the run's monitor closed cleanly, 0 while it runs")
+        family.add_metric([run], 1.0 if finished else 0.0)
+        yield family
+        family = gauge("advmon_heartbeat_timestamp_seconds",
+                       "Unix time advmon last showed the run alive (this scrape, or this push)")
+        family.add_metric([run], time.time())
+        yield family
         if record is None:
             return
         for stat in ("mean", "std", "min", "max", "abs_mean"):
@@ -172,6 +196,9 @@ class AdvmonCollector:
         for name, key, doc in (
             ("advmon_zero_std_group_ratio", "groups/zero_std_fraction", "Fraction of groups whose rewards are all equal"),
             ("advmon_groups", "groups/count", "Prompt groups in the last step"),
+            ("advmon_comparable_groups", "groups/comparable_count",
+             "Groups with two finite rewards or more in the last step: the denominator of the group ratios"),
+            ("advmon_zero_std_groups", "groups/zero_std_count", "Groups whose rewards are all equal in the last step"),
             ("advmon_group_max_size", "groups/max_size", "Samples in the largest prompt group of the last step"),
             ("advmon_group_bound_size", "groups/bound_size",
              "The G of the group bound G/sqrt(G-1) where the last step was judged by it (0: another bound)"),
@@ -291,6 +318,10 @@ class _Exporter:
     Its registry holds one collector that merges the monitors' families by name: two
     collectors each yielding ``advmon_updates_total`` would expose the family twice,
     which Prometheus refuses ("second TYPE line").
+
+    It also notes when a scraper (a request with Prometheus's
+    ``X-Prometheus-Scrape-Timeout-Seconds`` header: Prometheus, its agent, vmagent) has
+    read the endpoint, so a closing run can wait until its finished state was scraped.
     """
 
     def __init__(self, server: Any, registry: Any) -> None:
@@ -298,6 +329,63 @@ class _Exporter:
         self.registry = registry
         self.members: list[AdvmonCollector] = []
         registry.register(self)
+        self._scraped = threading.Condition()
+        self._scrape_starts: list[float] = []  # monotonic start of the last two scrapes whose answer went out
+
+    @classmethod
+    def serve(cls, host: str, port: int, registry: Any) -> _Exporter:
+        """Serve ``registry`` on ``host:port`` from a daemon thread (prometheus-client's WSGI app and server)."""
+        import socket
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, *args: Any) -> None:  # a request log line per scrape is noise in a trainer's log
+                pass
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        exporter: _Exporter | None = None
+        app = make_wsgi_app(registry)
+
+        def counted(environ: dict, start_response: Any) -> Any:
+            started = time.monotonic()
+            body = app(environ, start_response)
+            if exporter is None or "HTTP_X_PROMETHEUS_SCRAPE_TIMEOUT_SECONDS" not in environ:
+                return body
+            return _AfterResponse(body, lambda: exporter.scraped(started))
+
+        server = make_server(host, port, counted, Server, handler_class=Quiet)
+        exporter = cls(server, registry)
+        threading.Thread(target=server.serve_forever, name="advmon-prometheus-endpoint", daemon=True).start()
+        return exporter
+
+    def scraped(self, started: float) -> None:
+        """A scrape that started at ``started`` (monotonic) has been answered."""
+        with self._scraped:
+            self._scrape_starts = [*self._scrape_starts, started][-2:]
+            self._scraped.notify_all()
+
+    def await_scrape_after(self, moment: float, longest: float) -> bool:
+        """Wait until a scrape that started after ``moment`` was answered: at most ``longest`` seconds, and,
+        once two scrapes were seen, no later than two scrape intervals and a second after the last one (a
+        scraper that went away is not waited for). ``True`` if one was, or if no scraper ever came (nothing
+        to tell)."""
+        with self._scraped:
+            if not self._scrape_starts:
+                return True
+            deadline = time.monotonic() + longest
+            if len(self._scrape_starts) == 2:
+                interval = self._scrape_starts[1] - self._scrape_starts[0]
+                deadline = min(deadline, self._scrape_starts[1] + 2 * interval + 1.0)
+            while self._scrape_starts[-1] <= moment:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._scraped.wait(remaining)
+            return True
 
     def describe(self) -> Iterator[Any]:
         return iter(())
@@ -312,6 +400,34 @@ class _Exporter:
                 else:
                     known.samples.extend(family.samples)
         return iter(merged.values())
+
+
+class _AfterResponse:
+    """A WSGI body that calls ``done`` once the server has written it (WSGI calls ``close()`` then)."""
+
+    def __init__(self, body: Any, done: Any) -> None:
+        self._body = body
+        self._done = done
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        self._done()
+
+
+def _closing_on_error() -> bool:
+    """Whether the run is being closed by an exception (``with Monitor(...)`` unwinding on this thread, or
+    the interpreter exiting on an uncaught one): then it did not finish, and stays unfinished."""
+    exiting = not threading.main_thread().is_alive()  # sys.last_type alone may be an interactive session's old error
+    if exiting and getattr(sys, "last_type", None) is not None and not issubclass(sys.last_type, SystemExit):
+        return True
+    error = sys.exc_info()[1]
+    if error is None:
+        return False
+    if isinstance(error, SystemExit):
+        return error.code not in (None, 0)
+    return True
 
 
 #: The process's endpoints by (host, port): a train and an eval monitor on one address share one.
@@ -331,6 +447,11 @@ class PrometheusSink(_CollectorSink):
     the monitor warns once, saying why) and training goes on. Pass ``registry=``
     to add advmon's collector to an existing registry instead and start no server.
 
+    On a clean close the run is marked finished (``advmon_run_finished`` 1) and, once
+    a scraper has come before, the endpoint keeps serving until a scrape has read that
+    (at most ``finish_timeout`` seconds, and at most two scrape intervals): a run that
+    vanishes unfinished is what AdvmonRunCrashed looks for.
+
     Example:
         >>> sink = PrometheusSink(port=0)
         >>> sink.attach(run="doc", sink_names=["prometheus"])
@@ -343,11 +464,13 @@ class PrometheusSink(_CollectorSink):
     name = "prometheus"
     synchronous = True  # an in-memory update: cheap enough for the training thread
 
-    def __init__(self, host: str = "127.0.0.1", port: int | None = 9464, registry: Any = None, run: str = "") -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int | None = 9464, registry: Any = None, run: str = "",
+                 finish_timeout: float = 60.0) -> None:
         self._exporter: _Exporter | None = None
         self._unavailable = ""
         self.host = host
         self.port = None
+        self.finish_timeout = float(finish_timeout)
         if registry is not None or port is None:
             super().__init__(run, registry)
             return
@@ -357,15 +480,14 @@ class PrometheusSink(_CollectorSink):
             if exporter is None:
                 shared = client.CollectorRegistry(auto_describe=False)
                 try:
-                    server, _ = client.start_http_server(port, addr=host, registry=shared)
+                    exporter = _Exporter.serve(host, port, shared)
                 except OSError as exc:
                     # Said once, with the first record's failure (the monitor warns once per sink and counts).
                     self._unavailable = (f"could not serve Prometheus metrics on {host}:{port}: {exc.strerror or exc} "
                                          "(is another process using the port?); this sink records nothing")
                     super().__init__(run, None)  # a registry of its own, served by no one
                     return
-                exporter = _Exporter(server, shared)
-                _EXPORTERS[(host, server.server_port)] = exporter
+                _EXPORTERS[(host, exporter.server.server_port)] = exporter
             self._exporter = exporter
             super().__init__(run, client.CollectorRegistry(auto_describe=False))  # its own, and a member of the shared
             exporter.members.append(self.collector)
@@ -381,8 +503,18 @@ class PrometheusSink(_CollectorSink):
 
     def close(self) -> None:
         exporter, self._exporter = self._exporter, None
+        if _closing_on_error():
+            finished_at = None  # not finished: the run vanishes as a crashed one does
+        else:
+            self.collector.finish()
+            finished_at = time.monotonic()
         if exporter is None:
             return
+        if finished_at is not None and not exporter.await_scrape_after(finished_at, self.finish_timeout):
+            logging.getLogger("advmon").warning(
+                "advmon: run %s closed before a scrape read that it finished (waited up to %gs, "
+                "PrometheusSink(finish_timeout=...)); Prometheus may take it for crashed (AdvmonRunCrashed)",
+                self.collector.run, self.finish_timeout)
         with _EXPORTERS_LOCK:
             exporter.members.remove(self.collector)
             if exporter.members:
@@ -403,7 +535,15 @@ class PushgatewaySink(_CollectorSink):
 
     Each push replaces the run's group (``push_to_gateway``). Scrape the
     Pushgateway with ``honor_labels: true`` so the ``run`` label is kept.
-    ``delete_on_close`` removes the group when the monitor closes.
+
+    The Pushgateway keeps a group until it is deleted, so the run's state travels in
+    it: a thread of the sink pushes at least every ``heartbeat_seconds`` (no torch,
+    only the last record's numbers), which keeps ``advmon_heartbeat_timestamp_seconds``
+    fresh while the process lives, records or not; a clean close pushes
+    ``advmon_run_finished`` 1 and keeps the group, so that neither AdvmonRunHung nor
+    AdvmonRunCrashed fires for a finished run. ``delete_on_close=True`` deletes the group
+    instead (the run then leaves the board too). A run closed by an exception is not
+    marked: its heartbeat stops, and it shows as crashed.
 
     Authentication, never printed or logged: basic auth from ``user:password@``
     in the URL, or ``username``/``password``, or ``ADVMON_PUSHGATEWAY_USERNAME`` with
@@ -423,6 +563,7 @@ class PushgatewaySink(_CollectorSink):
         username: str | None = None,
         password: str | None = None,
         token: str | None = None,
+        heartbeat_seconds: float = 30.0,
     ) -> None:
         super().__init__(run)
         clean, url_user, url_password = split_credentials(url)
@@ -430,6 +571,7 @@ class PushgatewaySink(_CollectorSink):
         self.job = job
         self.timeout = timeout
         self.delete_on_close = delete_on_close
+        self.heartbeat_seconds = float(heartbeat_seconds)
         username = username or url_user or os.environ.get("ADVMON_PUSHGATEWAY_USERNAME")
         password = password or url_password or _from_env_or_file("ADVMON_PUSHGATEWAY_PASSWORD")
         token = token or _from_env_or_file("ADVMON_PUSHGATEWAY_TOKEN")
@@ -438,6 +580,10 @@ class PushgatewaySink(_CollectorSink):
         # One Authorization header serves the pushes and the read of the group's counters.
         self._auth_headers = _auth_headers(username, password, token)
         self._seeded = False
+        self._push_lock = threading.Lock()  # the delivery thread, the heartbeat and close push one at a time
+        self._last_push: float | None = None  # monotonic time of the last push that arrived
+        self._stopped = threading.Event()
+        self._heartbeat: threading.Thread | None = None
 
     def _handler(self, url, method, timeout, headers, data):  # noqa: ANN001 - prometheus-client's handler shape
         extra = list(self._auth_headers.items())
@@ -460,6 +606,30 @@ class PushgatewaySink(_CollectorSink):
     def attach(self, run: str, sink_names: Sequence[str]) -> None:
         super().attach(run, sink_names)
         self._seeded = False
+        if self.heartbeat_seconds > 0 and self._heartbeat is None:
+            self._heartbeat = threading.Thread(target=self._beat, name=f"advmon-heartbeat-{run}", daemon=True)
+            self._heartbeat.start()
+
+    def _beat(self) -> None:
+        """Push when nothing was pushed for ``heartbeat_seconds`` (a slow step, a hung one), until close."""
+        while not self._stopped.wait(self.heartbeat_seconds):
+            last = self._last_push
+            if last is not None and time.monotonic() - last < self.heartbeat_seconds / 2:
+                continue  # records are being pushed: they are the heartbeat
+            try:
+                self._push()
+            except Exception:  # noqa: BLE001, S112 - the records' pushes count and report a gateway that is down
+                continue
+
+    def _push(self) -> None:
+        with self._push_lock:
+            if not self._seeded:  # off the training thread, before this sink's first push
+                self._seed_from_gateway()
+            self._client.push_to_gateway(
+                self.url, job=self.job, registry=self.registry, grouping_key=self.grouping_key, timeout=self.timeout,
+                handler=self._handler,
+            )
+            self._last_push = time.monotonic()
 
     def accept(self, record: Record) -> None:
         """Count the record at once (on the training thread, in memory only): a record the
@@ -471,18 +641,19 @@ class PushgatewaySink(_CollectorSink):
         self.write_batch([record])
 
     def write_batch(self, records: Sequence[Record]) -> None:
-        if not self._seeded:  # on the delivery thread, before this sink's first push
-            self._seed_from_gateway()
-        self._client.push_to_gateway(
-            self.url, job=self.job, registry=self.registry, grouping_key=self.grouping_key, timeout=self.timeout,
-            handler=self._handler,
-        )
+        self._push()
 
     def close(self) -> None:
+        """Mark the run finished on the gateway (or delete its group); a run closed by an exception is left
+        to show as crashed. Nothing is pushed for a run that never reached the gateway."""
+        self._stopped.set()
         if self.delete_on_close:
             self._client.delete_from_gateway(
                 self.url, job=self.job, grouping_key=self.grouping_key, timeout=self.timeout, handler=self._handler
             )
+        elif self._last_push is not None and not _closing_on_error():
+            self.collector.finish()
+            self._push()
 
     def __repr__(self) -> str:
         return f"PushgatewaySink({redact_url(self.url)!r}, job={self.job!r})"
