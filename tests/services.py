@@ -148,7 +148,9 @@ def start_prometheus(
     return service, url
 
 
-def start_prometheus_with(workdir: Path, config: Path, name: str = "prometheus", flags: Sequence[str] = ()) -> tuple[Service, str]:
+def start_prometheus_with(
+    workdir: Path, config: Path, name: str = "prometheus", flags: Sequence[str] = ()
+) -> tuple[Service, str]:
     """Prometheus on 127.0.0.1 with a configuration file of the caller's and its own data in ``workdir/<name>-data``.
 
     ``flags`` are added as given: ``--enable-feature=agent`` (agent mode: scrape and remote-write, no local

@@ -139,7 +139,8 @@ def rich_exposition(tmp_path, openmetrics: bool = False) -> tuple[str, dict]:
     groups = [f"prompt-{i // GROUP:08x}-{'c0ffee' * 6}" for i in range(64)]
     functions = ["correctness", "format_" + "really_long_reward_function_name_" * 4]
     registry = CollectorRegistry(auto_describe=False)
-    with advmon.Monitor("rich", sinks=[PrometheusSink(registry=registry), advmon.JsonlSink(tmp_path / "rich.jsonl")]) as monitor:
+    sinks = [PrometheusSink(registry=registry), advmon.JsonlSink(tmp_path / "rich.jsonl")]
+    with advmon.Monitor("rich", sinks=sinks) as monitor:
         record_steps(monitor, 2, prompts, functions, groups)
         with monitor.step(2):
             rewards = torch.full((64,), 1.0)
