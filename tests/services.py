@@ -12,6 +12,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,25 @@ def start_prometheus(
         f"{url}/-/ready",
     )
     return service, url
+
+
+def start_prometheus_with(
+    workdir: Path, config: Path, name: str = "prometheus", flags: Sequence[str] = ()
+) -> tuple[Service, str]:
+    """Prometheus on 127.0.0.1 with a configuration file of the caller's and its own data in ``workdir/<name>-data``.
+
+    ``flags`` are added as given: ``--enable-feature=agent`` (agent mode: scrape and remote-write, no local
+    queries or rules; its data then go to ``--storage.agent.path``), ``--web.enable-remote-write-receiver``
+    (accept remote writes at ``/api/v1/write``). ``name`` names its log and data, so that several run side by
+    side in one directory (an agent per node and a central one).
+    """
+    binary = require_binary("prometheus")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    storage = "agent" if "--enable-feature=agent" in flags else "tsdb"
+    args = [binary, f"--config.file={config}", f"--storage.{storage}.path={workdir / (name + '-data')}",
+            f"--web.listen-address=127.0.0.1:{port}", *flags]
+    return Service(name, args, workdir, f"{url}/-/ready"), url
 
 
 def start_pushgateway(workdir: Path) -> tuple[Service, str]:

@@ -32,7 +32,8 @@ record: ``advmon_slice_rewards{slice}``, ``advmon_slice_reward_mean{slice}``,
 ``advmon_slice_advantage_mean{slice}``, ``advmon_slice_advantage_abs_max{slice}``;
 ``advmon_reward_function_mean{function}``, ``advmon_reward_function_nonfinite{function,kind}``.
 Their cardinality is bounded: at most ``Monitor(max_slices=16)`` slices plus
-``other`` per run, and the reward functions a trainer has. The non-finite counters
+``other`` per run, and the reward functions a trainer has; a name longer than 64
+characters is cut to its start and a hash (docs/fleet.md has the series budget). The non-finite counters
 carry an OpenMetrics exemplar naming the worst group of the latest step that added
 to them (``group``, and ``slice`` when known), for Prometheus's exemplar storage.
 """
@@ -238,8 +239,30 @@ def _labelled(metrics: dict[str, float], family: str, keys: Sequence[str]) -> di
             continue
         label, _, rest = key[len(family) + 1 :].partition("/")
         if rest in keys:
-            found.setdefault(label, {})[rest] = value
+            found.setdefault(_bounded_label(label), {})[rest] = value
     return found
+
+
+#: Characters of a ``slice`` or ``function`` label value. The names come from the trainer's data (a data
+#: source, a reward function): bounded in number by ``max_slices``, but not in length, and a receiver
+#: with a label length limit (Mimir, ``label_value_length_limit``) refuses a series or a scrape beyond it.
+_MAX_LABEL_VALUE = 64
+
+
+def _bounded_label(value: str) -> str:
+    """``value`` itself up to :data:`_MAX_LABEL_VALUE` characters; else its start, ``~`` and 8 hex digits of its
+    hash, so that two long names with one start stay two series.
+
+    Example:
+        >>> _bounded_label("openai_gsm8k"), len(_bounded_label("x" * 500)), _bounded_label("x" * 500)[-9]
+        ('openai_gsm8k', 64, '~')
+    """
+    if len(value) <= _MAX_LABEL_VALUE:
+        return value
+    import hashlib
+
+    digest = hashlib.blake2b(value.encode(errors="replace"), digest_size=4).hexdigest()
+    return f"{value[: _MAX_LABEL_VALUE - 9]}~{digest}"
 
 
 def _drilldown_families(run: str, metrics: dict[str, float], gauge: Any) -> Iterator[Any]:
