@@ -464,8 +464,18 @@ def _defer_to_host(seen: InputObservation, batch: int, reward_range: tuple[float
 
 
 def _host_work(seen: InputObservation, batch: int, reward_range: tuple[float, float] | None) -> HostWork:
-    return HostWork(batch, reward_range, groups=seen.groups, group_size=seen.group_size, exemplars=seen.exemplars,
-                    bound_factor=seen.bound_factor)
+    return HostWork(batch, reward_range, groups=_own_copy(seen.groups), group_size=seen.group_size,
+                    exemplars=seen.exemplars, bound_factor=seen.bound_factor)
+
+
+def _own_copy(groups: Any) -> Any:
+    """The caller's group items as the host half will read them (to name exemplars, off the training thread):
+    a copy, since a trainer may refill its arrays and lists once the call returned. Tensors cross as vectors."""
+    if isinstance(groups, np.ndarray):
+        return groups.copy()
+    if isinstance(groups, list):
+        return list(groups)
+    return groups
 
 
 def _plan_grouping(seen: InputObservation, work: HostWork, device: torch.device) -> None:

@@ -336,3 +336,28 @@ def test_forked_children_tear_no_line_of_the_parents_file(tmp_path):
     assert [r["step"] for r in parents] == list(range(40))
     assert [r["metrics"]["rewards/count"] for r in parents] == [n % 7 + 4 for n in range(40)]
     assert len(childs) == 3
+
+
+def test_the_host_half_reads_its_own_copies_not_the_callers_inputs(monkeypatch):
+    """A trainer may refill its tensors and lists once the call returned; the record is of what the call saw."""
+    monkeypatch.setenv("ADVMON_STATISTICS_PATH", "torch")  # a device path: groups are finished on the host
+    gated = GatedSink()
+    sink = ListSink()
+    monitor = advmon.Monitor("copies", sinks=[gated, sink], exemplars=2)
+    uids = [f"prompt-{i // 4}" for i in range(12)]
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, float("nan"), 1.0, 0.0, 0.0, 0.0, 1.0])
+    advantages = torch.linspace(-1.0, 1.0, 12)
+    monitor.observe(rewards=torch.ones(3))  # record 0: the host half holds it in the gated sink...
+    assert gated.entered.wait(HANG_GUARD)
+    monitor.observe(rewards=rewards, advantages=advantages, groups=uids)  # ...so record 1 waits to be made
+    uids[:] = ["refilled"] * 12  # while the trainer refills its inputs
+    rewards.fill_(7.0)
+    advantages.fill_(7.0)
+    gated.gate.set()
+    monitor.close()
+    assert gated.steps == [0, 1]
+    record = sink.written[1]
+    finite = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    assert record.metrics["rewards/mean"] == pytest.approx(np.mean(finite))
+    assert record.metrics["advantages/post_norm/max"] == pytest.approx(1.0)
+    assert record.exemplars[0]["group"] == "prompt-1" and record.exemplars[0]["reason"] == "nonfinite_rewards"
