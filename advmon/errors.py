@@ -13,9 +13,11 @@ monitor was created with ``strict=True``; they become one
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 import warnings
 
-__all__ = ["AdvmonError", "AdvmonConfigError", "AdvmonWarning", "warn"]
+__all__ = ["AdvmonError", "AdvmonConfigError", "AdvmonWarning", "closing_on_error", "warn"]
 
 
 class AdvmonError(Exception):
@@ -51,3 +53,28 @@ def warn(message: str, stacklevel: int = 2) -> None:
         warnings.warn(message, AdvmonWarning, stacklevel=stacklevel + 1)
     except Warning:
         logging.getLogger("advmon").warning(message)
+
+
+def closing_on_error() -> bool:
+    """Whether the calling thread is closing a run because of an exception: ``with Monitor(...)`` unwinding
+    on it, or the interpreter exiting on an uncaught one (then the run did not finish: sinks leave it unfinished,
+    and Prometheus takes it for crashed).
+
+    Example:
+        >>> closing_on_error()
+        False
+        >>> try:
+        ...     raise RuntimeError("the loss went NaN")
+        ... except RuntimeError:
+        ...     closing_on_error()
+        True
+    """
+    exiting = not threading.main_thread().is_alive()  # sys.last_type alone may be an interactive session's old error
+    if exiting and getattr(sys, "last_type", None) is not None and not issubclass(sys.last_type, SystemExit):
+        return True
+    error = sys.exc_info()[1]
+    if error is None:
+        return False
+    if isinstance(error, SystemExit):
+        return error.code not in (None, 0)
+    return True

@@ -35,7 +35,7 @@ from advmon.configuration import (
 )
 from advmon.emitter import Delivery
 from advmon.environment import jsonl_path, monitor_settings
-from advmon.errors import AdvmonConfigError, AdvmonError, warn
+from advmon.errors import AdvmonConfigError, AdvmonError, closing_on_error, warn
 from advmon.host_half import HostHalf
 from advmon.hooks import (
     ARGUMENT_NAME_OPTIONS,
@@ -516,6 +516,9 @@ class Monitor:
             if self._closed:
                 return
             self._closed = True
+        if closing_on_error():  # seen here, on the closing thread: sinks may close on threads of their own
+            for sink in self.sinks:
+                _tell_quietly(sink, "run_failed")
         budget = self.close_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         for step, calls in self._steps.close_all():
@@ -915,6 +918,16 @@ def _internal_problem(exc: BaseException) -> Problem:
 
 #: Kept for compatibility: interpreter exit is :func:`advmon.lifecycle.close_all`.
 close_live_monitors = lifecycle.close_all
+
+
+def _tell_quietly(sink: Any, hook: str) -> None:
+    """Call a sink's optional hook; a sink that fails it is the sink's problem, not the training loop's."""
+    method = getattr(sink, hook, None)
+    if callable(method):
+        try:
+            method()
+        except Exception:  # noqa: BLE001, S110 - an optional notice; the close goes on
+            pass
 
 
 def _weak_loss_reporter(monitor: Monitor) -> Callable[[BaseException], None]:

@@ -173,6 +173,7 @@ def test_scrape_mode_beside_the_trainers_own_exporter():
         assert shared.port is None
         monitor = advmon.Monitor("beside", sinks=[own_port, shared])
         monitor.observe(rewards=torch.tensor([1.0, 0.0]))
+        monitor.wait()  # the record is finished off this thread
         trainer_text = http_get(f"http://127.0.0.1:{server.server_port}/metrics").decode()
         advmon_text = http_get(f"http://127.0.0.1:{own_port.port}/metrics").decode()
         assert "trainer_loss 0.5" in trainer_text and 'advmon_reward_mean{run="beside"} 0.5' in trainer_text
@@ -263,6 +264,7 @@ def test_two_monitors_of_one_process_share_one_address(tmp_path, monkeypatch):
     try:
         train.observe(rewards=torch.tensor([1.0, 0.0]))
         evaluation.observe(rewards=torch.tensor([0.25, 0.75]))
+        train.wait(), evaluation.wait()  # the records are finished off this thread
         text = http_get(f"http://127.0.0.1:{port}/metrics").decode()
         # One family per name, both runs' series in it: Prometheus refuses a second TYPE line.
         assert text.count("# TYPE advmon_updates_total counter") == 1

@@ -58,15 +58,24 @@ elif behaviour == "hangs":
     time.sleep(600)  # a hang guard: the test kills it
 elif behaviour == "raises":
     raise RuntimeError("CUDA error: an illegal memory access was encountered")  # no close: exit closes them
+elif behaviour == "unwinds":  # the loop's own error closes both monitors; the process itself ends cleanly
+    try:
+        with scraped, pushed:
+            raise FloatingPointError("loss is NaN")
+    except FloatingPointError:
+        print("unwound", flush=True)
 '''
 
-BEHAVIOURS = ("running", "finishes", "killed", "hangs", "raises")
+BEHAVIOURS = ("running", "finishes", "killed", "hangs", "raises", "unwinds")
 EXPECTED = {  # run prefix -> (state, the alert it must fire or None)
     "running": ("running", None),
     "finishes": ("finished", None),
     "killed": ("crashed", "AdvmonRunCrashed"),
     "hangs": ("hung", "AdvmonRunHung"),
     "raises": ("crashed", "AdvmonRunCrashed"),
+    # Closed by an exception, not finished: the Pushgateway sink closes on a thread of its own, so the monitor
+    # tells it (run_failed) what it saw on the closing thread.
+    "unwinds": ("crashed", "AdvmonRunCrashed"),
 }
 
 
@@ -113,6 +122,8 @@ def test_four_states_on_both_paths_on_a_real_prometheus(tmp_path):
         assert trainers["finishes"].wait(60) == 0  # a hang guard: it waits for one scrape, ~1 s here
         assert trainers["raises"].wait(60) != 0
         assert "illegal memory access" in trainers["raises"].stderr.read()
+        assert trainers["unwinds"].stdout.readline().strip() == "unwound"
+        assert trainers["unwinds"].wait(60) == 0
         assert trainers["hangs"].stdout.readline().strip() == "hanging"
 
         def fired(alert: str) -> set[str]:

@@ -49,6 +49,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from advmon.errors import closing_on_error
 from advmon.record import Record, abs_max
 from advmon.redact import redact_url, remember_secret, split_credentials
 from advmon.sinks.base import Sink, require
@@ -328,11 +329,17 @@ class _CollectorSink(Sink):
         self.collector = AdvmonCollector(run)
         self.registry = registry if registry is not None else self._client.CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
+        self._failed = False
 
     def attach(self, run: str, sink_names: Sequence[str]) -> None:
         """Called by the monitor: the run label and the sinks whose counters start at 0."""
         self.collector.run = run
         self.collector.set_sink_names(sink_names)
+
+    def run_failed(self) -> None:
+        """Called by the monitor before :meth:`close` when an exception is closing the run (the close may then
+        run on another thread, which cannot see it): the run is left unfinished, as a crashed one."""
+        self._failed = True
 
 
 class _Exporter:
@@ -439,20 +446,6 @@ class _AfterResponse:
         self._done()
 
 
-def _closing_on_error() -> bool:
-    """Whether the run is being closed by an exception (``with Monitor(...)`` unwinding on this thread, or
-    the interpreter exiting on an uncaught one): then it did not finish, and stays unfinished."""
-    exiting = not threading.main_thread().is_alive()  # sys.last_type alone may be an interactive session's old error
-    if exiting and getattr(sys, "last_type", None) is not None and not issubclass(sys.last_type, SystemExit):
-        return True
-    error = sys.exc_info()[1]
-    if error is None:
-        return False
-    if isinstance(error, SystemExit):
-        return error.code not in (None, 0)
-    return True
-
-
 #: The process's endpoints by (host, port): a train and an eval monitor on one address share one.
 _EXPORTERS: dict[tuple[str, int], _Exporter] = {}
 _EXPORTERS_LOCK = threading.Lock()
@@ -526,7 +519,7 @@ class PrometheusSink(_CollectorSink):
 
     def close(self) -> None:
         exporter, self._exporter = self._exporter, None
-        if _closing_on_error():
+        if self._failed or closing_on_error():
             finished_at = None  # not finished: the run vanishes as a crashed one does
         else:
             self.collector.finish()
@@ -674,7 +667,7 @@ class PushgatewaySink(_CollectorSink):
             self._client.delete_from_gateway(
                 self.url, job=self.job, grouping_key=self.grouping_key, timeout=self.timeout, handler=self._handler
             )
-        elif self._last_push is not None and not _closing_on_error():
+        elif self._last_push is not None and not (self._failed or closing_on_error()):
             self.collector.finish()
             self._push()
 
