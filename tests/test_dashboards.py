@@ -6,6 +6,7 @@ import json
 import re
 import time
 import urllib.parse
+import warnings
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from advmon.dashboards import DashboardSettings, boards, generated_files
 from advmon.dashboards.lint import lint
 from advmon.dashboards.queries import board_queries, substitute, variable_queries
 from advmon.rules import Thresholds
-from tests.services import free_port, http_get, start_prometheus, wait_for
+from tests.services import free_port, http_get, start_prometheus, start_pushgateway, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,7 +105,8 @@ def test_selector_and_title_reach_every_query(tmp_path):
 
 @pytest.fixture(scope="module")
 def scraped_runs(tmp_path_factory):
-    """A stable and an unstable demo run exposed to a real Prometheus with advmon's rules loaded."""
+    """A stable and an unstable demo run exposed to a real Prometheus with advmon's rules loaded, which scrapes a
+    real Pushgateway too (the health board shows whether it is up)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     import advmon
@@ -115,10 +117,11 @@ def scraped_runs(tmp_path_factory):
     generate_alerts(workdir / "alerts", AlertSettings(interval_seconds=1.0))
     registry = CollectorRegistry(auto_describe=False)
     server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+    gateway, gateway_url = start_pushgateway(workdir)
     monitors = [advmon.Monitor(run, sinks=[PrometheusSink(registry=registry)], reward_range=(0.0, 1.0))
                 for run in ("stable-run", "unstable-run")]
     prometheus, url = start_prometheus(
-        workdir, {"advmon-demo": f"127.0.0.1:{server.server_port}"},
+        workdir, {"advmon-demo": f"127.0.0.1:{server.server_port}", "pushgateway": gateway_url.removeprefix("http://")},
         rule_files=[workdir / "alerts" / "advmon-rules.yml"],
     )
     try:
@@ -132,6 +135,7 @@ def scraped_runs(tmp_path_factory):
         yield url, workdir
     finally:
         prometheus.stop()
+        gateway.stop()
         for monitor in monitors:
             monitor.close()
         server.shutdown()
@@ -177,6 +181,46 @@ def test_variable_queries_return_the_runs(scraped_runs, name):
         values = json.loads(http_get(f"{url}/api/v1/label/{label}/values?{params}"))["data"]
         expected = {"job": {"advmon-demo"}, "slice": {"gsm8k", "competition_math"}}.get(label, {"stable-run", "unstable-run"})
         assert expected <= set(values), (variable, values)
+
+
+@pytest.mark.integration
+def test_a_pushgateway_that_is_down_shows_on_the_health_board_and_costs_training_nothing(tmp_path):
+    """Issue 28: the delivery panel reads 1 while Prometheus reaches the gateway and 0 once it is down; the
+    run's own calls go on, its failures counted, every record in its JSONL file."""
+    import torch
+
+    import advmon
+    from advmon.sinks.prometheus import PushgatewaySink
+
+    data = json.loads((ROOT / "dashboards" / "advmon-health.json").read_text())
+    (expr,) = [q.expr for q in board_queries(data) if q.expr.startswith("up and on (job, instance) last_over_time("
+                                                                      "pushgateway_build_info")]
+    gateway, gateway_url = start_pushgateway(tmp_path)
+    prometheus, url = start_prometheus(tmp_path, {"pushgateway": gateway_url.removeprefix("http://")},
+                                       honor_labels=True)
+    monitor = advmon.Monitor("pushed", sinks=[advmon.JsonlSink(tmp_path / "pushed.jsonl"),
+                                              PushgatewaySink(gateway_url, timeout=1.0)], retries=0)
+    try:
+        def panel() -> list[float]:
+            return [float(series["value"][1]) for series in instant(url, expr)]
+
+        with warnings.catch_warnings(record=True):  # the failing sink is said once (on its own thread)
+            warnings.simplefilter("always")
+            monitor.observe(rewards=torch.tensor([1.0, 0.0]))
+            wait_for(lambda: panel() == [1.0], 60, "the gateway to show as up")  # a hang guard
+            gateway.stop()
+            wait_for(lambda: panel() == [0.0], 60, "the gateway to show as down")  # a hang guard
+            for _ in range(3):
+                monitor.observe(rewards=torch.tensor([1.0, 0.0]))  # never raises
+            monitor.flush()
+            monitor.observe(rewards=torch.tensor([1.0, 0.0]))  # its record counts the failures before it
+            assert monitor.last_metrics["advmon/sink_errors/pushgateway"] >= 3
+            monitor.close()
+    finally:
+        monitor.close()
+        prometheus.stop()
+        gateway.stop()
+    assert len(advmon.read_jsonl(tmp_path / "pushed.jsonl")) == 5
 
 
 @pytest.mark.integration

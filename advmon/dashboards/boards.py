@@ -263,7 +263,7 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
                 "Records per minute",
                 "Records advmon emitted per minute; flat at zero while training runs means the estimator is not "
                 "watched, or the process is stuck.",
-                "none", [Query(f'rate({m("advmon_updates_total")}[$__rate_interval]) * 60', "{{run}}")], width=8,
+                "none", [Query(f'rate({m("advmon_updates_total")}[$__rate_interval]) * 60', "{{run}}")], width=6,
             ),
             PanelSpec(
                 "Sink errors and dropped records",
@@ -274,14 +274,31 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
                     Query(f'increase({m("advmon_sink_errors_total")}[$__rate_interval])', "{{run}} {{sink}} errors"),
                     Query(f'increase({m("advmon_dropped_records_total")}[$__rate_interval])', "{{run}} {{sink}} dropped"),
                 ],
-                width=8, links=[_runbook(runbook_base, "AdvmonSinkErrors"), _runbook(runbook_base, "AdvmonDroppedRecords")],
+                width=6, links=[_runbook(runbook_base, "AdvmonSinkErrors"), _runbook(runbook_base, "AdvmonDroppedRecords")],
+            ),
+            PanelSpec(
+                "Delivery endpoints up",
+                "1 while Prometheus reaches each Pushgateway it scrapes and each trainer endpoint that served advmon "
+                "series in the last hour, 0 while it cannot. A Pushgateway at 0: pushed runs' series are gone "
+                "until it is back, and no run-state alert pages for them (the gateway's own push times vanish "
+                "too, which AdvmonRunCrashed reads as deleted groups); training is unaffected and every record "
+                "is in its JSONL file (`advmon replay FILE --to pushgateway:URL`). A trainer endpoint at 0 is a "
+                "process gone: see AdvmonRunCrashed.",
+                "none",
+                [
+                    Query("up and on (job, instance) last_over_time(pushgateway_build_info[1h])",
+                          "Pushgateway {{instance}}"),
+                    Query(f'up and on (job, instance) last_over_time({m("advmon_updates_total")}[1h])',
+                          "endpoint {{job}} {{instance}}"),
+                ],
+                width=6, links=[_runbook(runbook_base, "AdvmonRunCrashed")],
             ),
             PanelSpec(
                 "advmon internal errors",
                 "Problems advmon met recording a call (mask shape, missing rewards...): the training log has one "
                 "AdvmonWarning per kind.",
                 "none", [Query(f'increase({m("advmon_internal_errors_total")}[$__rate_interval])', "{{run}}")],
-                width=8, links=[_runbook(runbook_base, "AdvmonInternalErrors")],
+                width=6, links=[_runbook(runbook_base, "AdvmonInternalErrors")],
             ),
         ],
     )
