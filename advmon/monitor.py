@@ -427,7 +427,7 @@ class Monitor:
         """The latest record's metrics (``nan`` where unavailable), to merge into a trainer's own.
 
         Records are finished off the training thread; reading this waits for the ones
-        still being finished (at most ``close_timeout``; docs/performance.md says what that costs).
+        still being finished (at most twice ``close_timeout``; docs/performance.md says what that costs).
         """
         record = self.last_record
         return dict(record.metrics) if record is not None else {}
