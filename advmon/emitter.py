@@ -226,6 +226,7 @@ class Delivery:
     def __init__(
         self, sinks: list[SinkLike], run: str, policy: DeliveryPolicy, warn: Callable[[str, str], None]
     ) -> None:
+        self.sinks = list(sinks)
         self.names = _unique_names(sinks)
         self._warn = warn
         self._sync: list[tuple[SinkLike, str]] = []
@@ -281,6 +282,11 @@ class Delivery:
                 _call_quietly(sink, "flush", name, self._warn)
         return {w.name: w.drain(max(deadline - time.monotonic(), 0.0)) for w in self.workers
                 if only is None or only(w.sink)}
+
+    def tell(self, action: str) -> None:
+        """Call every sink's optional hook ``action`` (``run_failed``) now, on this thread; a failure is warned."""
+        for sink, name in zip(self.sinks, self.names):
+            _call_quietly(sink, action, name, self._warn)
 
     def close(self, timeout: float) -> dict[str, int]:
         """Deliver what can be delivered within ``timeout``, close every sink; undelivered per sink."""

@@ -517,8 +517,7 @@ class Monitor:
                 return
             self._closed = True
         if closing_on_error():  # seen here, on the closing thread: sinks may close on threads of their own
-            for sink in self.sinks:
-                _tell_quietly(sink, "run_failed")
+            self._delivery.tell("run_failed")
         budget = self.close_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         for step, calls in self._steps.close_all():
@@ -918,16 +917,6 @@ def _internal_problem(exc: BaseException) -> Problem:
 
 #: Kept for compatibility: interpreter exit is :func:`advmon.lifecycle.close_all`.
 close_live_monitors = lifecycle.close_all
-
-
-def _tell_quietly(sink: Any, hook: str) -> None:
-    """Call a sink's optional hook; a sink that fails it is the sink's problem, not the training loop's."""
-    method = getattr(sink, hook, None)
-    if callable(method):
-        try:
-            method()
-        except Exception:  # noqa: BLE001, S110 - an optional notice; the close goes on
-            pass
 
 
 def _weak_loss_reporter(monitor: Monitor) -> Callable[[BaseException], None]:

@@ -254,9 +254,11 @@ def call(n):
 """
 
 
-def run_script(tmp_path, body: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def run_script(tmp_path, body: str, before_monitor: str = "") -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run the estimator script with ``body`` after it (and ``before_monitor`` before its monitor is made)."""
     script = tmp_path / "script.py"
-    script.write_text(ESTIMATOR + textwrap.dedent(body))
+    prelude = ESTIMATOR.replace("monitor = advmon.Monitor", textwrap.dedent(before_monitor) + "monitor = advmon.Monitor")
+    script.write_text(prelude + textwrap.dedent(body))
     path = tmp_path / "proc.jsonl"
     done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True,
                           timeout=HANG_GUARD, cwd=tmp_path)
@@ -277,22 +279,18 @@ def test_sigterm_right_after_the_50th_call_leaves_50_records(tmp_path):
 
 
 def test_sigterm_chains_to_the_handler_a_framework_set_first(tmp_path):
-    script = tmp_path / "script.py"
     # The framework's handler is in place before advmon's first record, and is called after the records are out.
-    script.write_text(ESTIMATOR.replace("monitor = advmon.Monitor", textwrap.dedent("""
-        def framework(signum, frame):
-            print("framework handler saw", len(open(sys.argv[1]).read().splitlines()), "records", flush=True)
-            os._exit(3)
-        signal.signal(signal.SIGTERM, framework)
-        monitor = advmon.Monitor""")) + textwrap.dedent("""
+    done, _ = run_script(tmp_path, """
         for n in range(20):
             call(n)
         os.kill(os.getpid(), signal.SIGTERM)
         threading.Event().wait(60)
-    """))
-    path = tmp_path / "proc.jsonl"
-    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True,
-                          timeout=HANG_GUARD, cwd=tmp_path)
+    """, before_monitor="""
+        def framework(signum, frame):
+            print("framework handler saw", len(open(sys.argv[1]).read().splitlines()), "records", flush=True)
+            os._exit(3)
+        signal.signal(signal.SIGTERM, framework)
+    """)
     assert done.returncode == 3, done.stderr
     assert "framework handler saw 20 records" in done.stdout
 

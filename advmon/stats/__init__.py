@@ -103,7 +103,7 @@ from advmon.stats.rows import RowSummary, row_summaries, row_valid_counts, value
 from advmon.stats.sketch_format import SKETCH_BINS, HostPart, Part, host_level
 from advmon.stats.slices import SLICE_FIELDS, SliceIndex, slice_name, slice_table
 from advmon.stats.summaries import PERCENTILES, VALUE_KEYS, summarize, summarize_with_histogram
-from advmon.stats.transfer import Transfer, pack, start_transfer, to_host, to_host_array
+from advmon.stats.transfer import Transfer, pack, start_transfer, to_host
 
 __all__ = [
     # the record's statistics
@@ -123,7 +123,6 @@ __all__ = [
     "summarize",
     "summarize_with_histogram",
     "to_host",
-    "to_host_array",
     "value_part",
     # which path a tensor takes
     "PATHS",

@@ -25,7 +25,7 @@ import torch
 
 from advmon.stats.sketch_format import HostPart, Part
 
-__all__ = ["Transfer", "pack", "start_transfer", "to_host", "to_host_array"]
+__all__ = ["Transfer", "pack", "start_transfer", "to_host"]
 
 
 class Transfer:
@@ -77,12 +77,6 @@ def start_transfer(tensors: Sequence[torch.Tensor]) -> Transfer:
 def pack(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     """Move tensors to the host in one transfer per device and return NumPy arrays (waits for the copy)."""
     return start_transfer(tensors).arrays()
-
-
-def to_host_array(flat: torch.Tensor) -> np.ndarray:
-    """A 1-D tensor as a float64 NumPy array: the record's one device-to-host transfer (a sync on a GPU)."""
-    flat = flat.to(torch.float64)  # integers promoted by cat arrive here; float64 is a no-op
-    return flat.numpy() if flat.device.type == "cpu" else flat.cpu().numpy()
 
 
 def _float64_or_whole(tensor: torch.Tensor) -> torch.Tensor:

@@ -57,15 +57,27 @@ def triton_row_counts(valid: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _rows(count, ROWS: tl.constexpr):
+    """This program's rows, and which of them are in the tensor."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    return row, row < count
+
+
+@triton.jit
+def _tile(row, row_inside, start, columns, s_row, s_col, COLUMNS: tl.constexpr):
+    """One step of the walk: its columns, which entries are in the tensor, and where each lies."""
+    column = start + tl.arange(0, COLUMNS).to(tl.int64)
+    inside = row_inside[:, None] & (column < columns)[None, :]
+    return column, inside, row[:, None] * s_row + column[None, :] * s_col
+
+
+@triton.jit
 def _row_hash_kernel(rows, weights, out, count, columns, r_row, r_col, mix,
                      FLOAT: tl.constexpr, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    row_inside = row < count
+    row, row_inside = _rows(count, ROWS)
     total = tl.zeros([ROWS], dtype=tl.int64)
     for start in range(0, columns, COLUMNS):
-        column = start + tl.arange(0, COLUMNS).to(tl.int64)
-        inside = row_inside[:, None] & (column < columns)[None, :]
-        at = row[:, None] * r_row + column[None, :] * r_col
+        column, inside, at = _tile(row, row_inside, start, columns, r_row, r_col, COLUMNS)
         if FLOAT:
             # + 0.0: -0.0 and 0.0 are one id; then the float64's bits, as the torch path views them
             value = (tl.load(rows + at, mask=inside, other=0.0).to(tl.float64) + 0.0).to(tl.int64, bitcast=True)
@@ -80,13 +92,11 @@ def _row_hash_kernel(rows, weights, out, count, columns, r_row, r_col, mix,
 
 @triton.jit
 def _row_count_kernel(valid, out, count, columns, v_row, v_col, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    row_inside = row < count
+    row, row_inside = _rows(count, ROWS)
     total = tl.zeros([ROWS], dtype=tl.int64)
     for start in range(0, columns, COLUMNS):
-        column = start + tl.arange(0, COLUMNS).to(tl.int64)
-        inside = row_inside[:, None] & (column < columns)[None, :]
-        entry = tl.load(valid + row[:, None] * v_row + column[None, :] * v_col, mask=inside, other=0)
+        _, inside, at = _tile(row, row_inside, start, columns, v_row, v_col, COLUMNS)
+        entry = tl.load(valid + at, mask=inside, other=0)
         # compared as float32: the same answer for every dtype (NaN is not > 0), bf16 included in the interpreter
         total += tl.sum((inside & (entry.to(tl.float32) > 0)).to(tl.int64), axis=1)
     tl.store(out + row, total.to(tl.float64), mask=row_inside)
