@@ -153,24 +153,67 @@ if hasattr(os, "register_at_fork"):
 # --------------------------------------------------------------------------- OpenMP
 
 _omp_set_num_threads: Callable[[int], None] | None | bool = False
+_mkl_set_num_threads_local: Callable[[int], None] | None | bool = False
 
 
 def single_openmp_thread() -> None:
-    """Cap the calling thread's OpenMP team at one thread, leaving every other thread's as it is.
+    """Cap the calling thread's OpenMP team, and its MKL calls' team, at one thread, leaving every other
+    thread's as it is.
 
     ``torch.set_num_threads`` would also resize torch's process-wide MKL and
     thread pools, the trainer's included; ``omp_set_num_threads`` from the OpenMP
-    runtime torch loaded is a per-thread setting. torch sets each new thread's team
-    size from its own the first time the thread asks (``torch.get_num_threads``
-    does), so that comes first. A build without OpenMP has nothing to cap.
+    runtime torch loaded is a per-thread setting, and so is MKL's
+    ``mkl_set_num_threads_local``. torch sets each new thread's team size from its
+    own the first time the thread asks (``torch.get_num_threads`` does), so that
+    comes first. A build without OpenMP or MKL has nothing to cap.
     """
     setter = _openmp_setter()
-    if setter is None:
-        return
-    import torch
+    if setter is not None:
+        import torch
 
-    torch.get_num_threads()
-    setter(1)
+        torch.get_num_threads()
+        setter(1)
+    blas = _mkl_local_setter()
+    if blas is not None:
+        blas(1)
+
+
+def _mkl_local_setter() -> Callable[[int], None] | None:
+    """MKL's per-thread thread count, where torch's MKL exports it (``None`` elsewhere).
+
+    MKL takes its team size from the calling thread's OpenMP setting only until someone
+    sets MKL's own, and ``torch.set_num_threads`` does (advmon's
+    :func:`~advmon.stats.statistics_threads` on the training thread, a trainer's own
+    call): from then on every thread's BLAS call (``torch.dot``, ``mv``) starts a team of
+    that size, a second team beside the trainer's, and its sums follow the team's
+    size. ``mkl_set_num_threads_local`` is MKL's per-thread override. Its Fortran
+    spelling (trailing underscore: the count by reference) is the one whose signature
+    is the same in every MKL build.
+    """
+    global _mkl_set_num_threads_local
+    if _mkl_set_num_threads_local is False:
+        _mkl_set_num_threads_local = _find_mkl_setter()
+    return _mkl_set_num_threads_local  # type: ignore[return-value]
+
+
+def _find_mkl_setter() -> Callable[[int], None] | None:
+    for library in _loaded_libraries(("libmkl", "libtorch_cpu")):
+        try:
+            fortran = ctypes.CDLL(library).mkl_set_num_threads_local_
+        except (OSError, AttributeError):
+            continue
+        fortran.restype = ctypes.c_int
+        return lambda count: fortran(ctypes.byref(ctypes.c_int(count)))
+    return None
+
+
+def _loaded_libraries(names: tuple[str, ...]) -> list[str]:
+    """The shared libraries this process has loaded whose paths contain any of ``names``."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            return sorted({line.split()[-1] for line in maps if any(name in line for name in names)})
+    except OSError:
+        return []
 
 
 def _openmp_setter() -> Callable[[int], None] | None:
@@ -181,13 +224,7 @@ def _openmp_setter() -> Callable[[int], None] | None:
 
 
 def _find_openmp_setter() -> Callable[[int], None] | None:
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as maps:
-            libraries = sorted({line.split()[-1] for line in maps
-                                if any(name in line for name in ("libgomp", "libiomp5", "libomp."))})
-    except OSError:
-        return None
-    for library in libraries:
+    for library in _loaded_libraries(("libgomp", "libiomp5", "libomp.")):
         try:
             return ctypes.CDLL(library).omp_set_num_threads
         except (OSError, AttributeError):

@@ -10,6 +10,7 @@ second OpenMP team.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import sys
 import textwrap
 import threading
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -181,24 +183,39 @@ def test_four_threads_under_one_monitor_lose_and_mix_no_record(tmp_path):
     assert len(seen) == 4 * calls
 
 
+def _mkl_threads() -> Callable[[], int]:
+    """MKL's team size for the calling thread (torch's CPU build links MKL and exports it)."""
+    for library in sorted({line.split()[-1] for line in open("/proc/self/maps") if "libtorch_cpu" in line}):
+        getter = ctypes.CDLL(library).mkl_get_max_threads_
+        getter.restype = ctypes.c_int
+        return getter
+    raise AssertionError("torch's CPU library is not loaded")
+
+
 def test_the_host_half_runs_one_openmp_thread_and_leaves_the_trainers_alone():
+    """Its OpenMP team and its BLAS calls' (MKL) team are one thread, after the trainer set torch's thread count
+    (which sets MKL's process-wide count: the host half's dot products would start a team of that size, and
+    their sums would differ from the training thread's one-thread statistics)."""
+    mkl_threads = _mkl_threads()
+
     class Threads(advmon.Sink):
         name = "threads"
         synchronous = True
-        seen: list[tuple[str, int]] = []
+        seen: list[tuple[str, int, int]] = []
 
         def write(self, record):
-            self.seen.append((threading.current_thread().name, torch.get_num_threads()))
+            self.seen.append((threading.current_thread().name, torch.get_num_threads(), mkl_threads()))
 
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
+        assert mkl_threads() == 2
         sink = Threads()
         monitor = advmon.Monitor("omp", sinks=[sink])
         monitor.observe(rewards=torch.rand(50_000), advantages=torch.rand(50_000))
         monitor.close()
-        assert sink.seen == [("advmon-host-omp", 1)]
-        assert torch.get_num_threads() == 2  # the training thread's team is its own
+        assert sink.seen == [("advmon-host-omp", 1, 1)]
+        assert torch.get_num_threads() == 2 and mkl_threads() == 2  # the training thread's teams are its own
     finally:
         torch.set_num_threads(previous)
 
