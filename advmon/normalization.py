@@ -234,8 +234,8 @@ class Verdict:
         values = (peak, size, finite, low, high)
         if self.kind in KINDS and self.kind != "group_loo_std":
             base = self.batch_base if self.kind == "batch" else self.reward_scale
-            return group_ratios(np, self.kind, *values, scale=self.scale if self.kind == "gpg" else 1.0, base=base)
-        candidates = [group_ratios(np, kind, *values, base=base)
+            return group_ratios(self.kind, *values, scale=self.scale if self.kind == "gpg" else 1.0, base=base)
+        candidates = [group_ratios(kind, *values, base=base)
                       for kind, base in (("group_std", math.nan), ("group_mean", math.nan),
                                          ("batch", self.batch_base), ("none", self.reward_scale))]
         return np.fmin.reduce(candidates)

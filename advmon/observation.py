@@ -4,12 +4,13 @@ Pure functions over tensors: nothing here warns, counts or emits. What cannot be
 used is reported as a :class:`Problem` and the rest is still observed, so a
 monitor can record what it can and say what it could not.
 
-On the CPU a call's groups, worst groups and slices are NumPy, made during the
-call. On a device (:func:`advmon.stats.devices.sync_free`) the call reduces only what is
-``[B, T]`` or ``[B, S]`` (the advantages' sketch and row summaries, the prompt rows'
-hashes) and keeps its ``[B]``-sized vectors in a :class:`HostWork`; they cross to
-the host in the record's one transfer, where :func:`finish_on_host` runs the same
-NumPy code the CPU path runs.
+A call reduces only what is ``[B, T]`` or ``[B, S]`` (the advantages' sketch and row
+summaries; a device's prompt rows become their hashes, the CPU numbers its rows at
+once, exactly) and keeps its ``[B]``-sized vectors in a :class:`HostWork`. They
+cross to the host in the record's one transfer (on the CPU, a copy), and
+:func:`finish_on_host` makes the call's groups, derived pre_norm, bounds, worst
+groups and slices from them in NumPy, off the training thread: one implementation
+for every path.
 """
 
 from __future__ import annotations
@@ -112,16 +113,16 @@ class CallParts:
     slices: torch.Tensor | None = None
     slice_names: list[str | None] | None = None
     sample_slices: np.ndarray | None = None
-    #: A device call's ``[B]``-sized work, finished on the host after the transfer (then ``groups``,
+    #: The call's ``[B]``-sized work, finished on the host after the transfer (then ``groups``,
     #: ``bound_evidence``, ``exemplars``, ``slices`` and a derived pre_norm come from :func:`finish_on_host`).
     host_work: HostWork | None = None
 
 
 @dataclass
 class HostWork:
-    """A device call's ``[B]``-sized work, done on the host by the CPU path's NumPy code (:func:`finish_on_host`).
+    """A call's ``[B]``-sized work, done on the host, off the training thread (:func:`finish_on_host`).
 
-    ``vectors`` are what the device computed for it, ``[B]`` each, that travel in the
+    ``vectors`` are what the call computed for it, ``[B]`` each, that travel in the
     record's one transfer: ``rewards`` (a float64 copy), ``function <i>`` (each reward
     function's, a float64 copy), ``groups`` (the groups'
     :func:`~advmon.stats.groups.device_group_vector`) and the advantages' row summaries
@@ -135,10 +136,12 @@ class HostWork:
     vectors: dict[str, torch.Tensor] = field(default_factory=dict)
     #: Each reward function's stage and the name of its values among ``vectors``.
     functions: list[tuple[str, str]] = field(default_factory=list)
-    #: Groups numbered during the call (blocks of ``group_size``, a sequence of items); ``None``: see ``shipped``.
+    #: Groups numbered during the call (blocks of ``group_size``, CPU prompt rows); ``None``: see ``shipped``.
     grouping: Grouping | None = None
     #: Of the ``groups`` vector, if one travels: (made of prompt rows, of integer ids).
     shipped: tuple[bool, bool] | None = None
+    #: The groups are a sequence of items (verl's uids), numbered on the host from ``groups``.
+    items: bool = False
     groups: Any = None  #: the caller's groups (a sequence of items names its exemplars)
     group_size: int | None = None
     exemplars: int = 0
@@ -340,7 +343,7 @@ class InputObservation:
     parts: CallParts
     rewards: torch.Tensor | None = None
     mask: torch.Tensor | None = None
-    #: The groups' dense ids; on a device, where they are numbered on the host, the vector they are numbered from.
+    #: The groups' dense ids (numbered during the call), or the vector the host half numbers them from.
     group_ids: torch.Tensor | None = None
     groups: Any = None
     row_keys: RowKeys | None = None  #: prompt rows' hashes, taken by the grouping: the exemplars' keys
@@ -350,7 +353,7 @@ class InputObservation:
     bound_factor: float = math.inf
     segments: HostSegments | None = None
     row_counts: torch.Tensor | None = None  #: the mask's, once an expand view needed them
-    #: Each sample's slice slot, on the rewards' device (on the host for a device call's host half).
+    #: Each sample's slice slot (the host half's).
     slice_slots: torch.Tensor | None = None
     sample_slices: np.ndarray | None = None  #: the same, on the host
     slice_index: SliceIndex | SliceSnapshot | None = None
@@ -403,31 +406,18 @@ def observe_inputs(
     if slices is not None and slice_index is not None:
         seen.pending_slices = (slices, slice_index)
     parts = seen.parts
-    # On a device the host makes [B]-sized exact parts from the float64 copies that cross for the call's
-    # host half (rewards, reward functions): an empty stage is one :func:`finish_on_host` fills.
-    on_device = seen.rewards is not None and sync_free(seen.rewards)
+    # The host half makes [B]-sized exact parts from the float64 copies that cross for it (rewards, reward
+    # functions, with rewards): an empty stage is one :func:`finish_on_host` fills. Larger ones are sketched here.
     for stage, values in functions:
-        parts.stages[stage] = [] if on_device and values.numel() <= EXACT_LIMIT else [value_part(values)]
+        parts.stages[stage] = [] if seen.rewards is not None and values.numel() <= EXACT_LIMIT \
+            else [value_part(values)]
     if seen.rewards is None:
         return seen  # slices, if any, are taken with the advantages' batch
-    parts.stages["rewards"] = [] if on_device and seen.rewards.numel() <= EXACT_LIMIT else [value_part(seen.rewards)]
-    # Every consumer below (group values, worst groups, slices) works in float64: converted once here, into
-    # a copy of its own (the slices read it after the estimator, which may change its input in place).
+    parts.stages["rewards"] = [] if seen.rewards.numel() <= EXACT_LIMIT else [value_part(seen.rewards)]
+    # Every consumer on the host (group values, worst groups, slices) works in float64: converted once here,
+    # into a copy of its own (the caller may change its tensors once the call returned).
     seen.rewards = seen.rewards.to(torch.float64, copy=True)
-    batch = seen.rewards.shape[0]
-    if sync_free(seen.rewards):
-        _defer_to_host(seen, batch, reward_range, problems, functions)
-        return seen
-    grouped = _attempt(problems, lambda: _group_ids(groups, group_size, batch, seen.rewards))
-    rising = False
-    if grouped is not None:
-        seen.group_ids, seen.row_keys, rising = grouped
-    if seen.pending_slices is not None:
-        _attempt(problems, lambda: _slice_slots(seen, batch, seen.rewards.device))
-    seen.function_nonfinite = _function_nonfinite([values for _, values in functions], seen.rewards)
-    pre_norm = _groups_and_pre_norm(seen, reward_range, problems, rising)
-    parts.stages["pre_norm"] = [value_part(pre_norm)]
-    parts.pre_norm_source = "derived"
+    _defer_to_host(seen, seen.rewards.shape[0], reward_range, problems, functions)
     return seen
 
 
@@ -446,7 +436,8 @@ def _groups_and_pre_norm(seen: InputObservation, reward_range: tuple[float, floa
 
 def _defer_to_host(seen: InputObservation, batch: int, reward_range: tuple[float, float] | None,
                    problems: list[Problem], functions: list[tuple[str, torch.Tensor]]) -> None:
-    """:func:`observe_inputs` on a device: the ``[B]`` vectors the host finishes the call from (:class:`HostWork`).
+    """:func:`observe_inputs`' share of the host half: the ``[B]`` vectors it finishes the call from
+    (:class:`HostWork`), on every path (on the CPU the transfer is a copy of them).
 
     The derived pre_norm keeps its place among the stages, empty until :func:`finish_on_host` fills it.
     """
@@ -458,7 +449,7 @@ def _defer_to_host(seen: InputObservation, batch: int, reward_range: tuple[float
         work.vectors[f"function {index}"] = values.to(torch.float64, copy=True)
     _attempt(problems, lambda: _plan_grouping(seen, work, seen.rewards.device))
     if seen.pending_slices is not None:
-        _attempt(problems, lambda: _slice_slots(seen, batch, None))
+        _attempt(problems, lambda: _slice_slots(seen, batch))
     parts.stages["pre_norm"] = []
     parts.pre_norm_source = "derived"
 
@@ -469,8 +460,12 @@ def _host_work(seen: InputObservation, batch: int, reward_range: tuple[float, fl
 
 
 def _own_copy(groups: Any) -> Any:
-    """The caller's group items as the host half will read them (to name exemplars, off the training thread):
-    a copy, since a trainer may refill its arrays and lists once the call returned. Tensors cross as vectors."""
+    """The caller's group items as the host half will read them (to number them and name exemplars, off the
+    training thread): a copy, since a trainer may refill its arrays and lists once the call returned. Tensors and
+    numeric arrays are none of the host half's business (they cross as vectors, or are numbered during the call),
+    and no reference to the batch may outlive the call."""
+    if isinstance(groups, torch.Tensor) or (isinstance(groups, np.ndarray) and groups.dtype.kind in "biuf"):
+        return None
     if isinstance(groups, np.ndarray):
         return groups.copy()
     if isinstance(groups, list):
@@ -479,18 +474,31 @@ def _own_copy(groups: Any) -> Any:
 
 
 def _plan_grouping(seen: InputObservation, work: HostWork, device: torch.device) -> None:
-    """How the host finds the call's groups: a device's group tensor reduced to ``[B]`` to travel, or groups
-    that are host data numbered now (blocks of ``group_size``, a sequence of items, a CPU tensor)."""
+    """How the host finds the call's groups: what reads a ``[B, S]`` or ``[B]`` tensor is done now, the rest
+    on the host.
+
+    A device's group tensor and a CPU tensor of ids are reduced to a ``[B]`` vector that
+    travels (a copy); CPU prompt rows are numbered now, exactly (reading ``[B, S]`` is the
+    device half's work on the CPU); blocks of ``group_size`` are numbered now (nothing to
+    read); a sequence of items is numbered on the host from advmon's own copy.
+    """
     groups, batch = seen.groups, work.batch
     if seen.group_size is None and groups is None:
         return
     if isinstance(groups, np.ndarray) and groups.dtype.kind in "biuf":
         groups = torch.from_numpy(groups)
-    if seen.group_size is None and isinstance(groups, torch.Tensor) and sync_free(groups):
+    if seen.group_size is None and isinstance(groups, torch.Tensor):
         groups = groups.detach()
         check_group_tensor(groups, batch)
-        seen.group_ids = work.vectors["groups"] = to_device(device_group_vector(groups), device)
-        work.shipped = (groups.dim() == 2, not groups.is_floating_point())
+        if sync_free(groups) or groups.dim() == 1:
+            vector = device_group_vector(groups)
+            seen.group_ids = work.vectors["groups"] = to_device(vector, device) if sync_free(groups) else vector
+            work.shipped = (groups.dim() == 2, not groups.is_floating_point())
+            return
+    elif seen.group_size is None and isinstance(groups, (Sequence, np.ndarray)) and not isinstance(groups, (str, bytes)):
+        if len(groups) != batch:  # said at the call; what only numbering finds (an unhashable item) the host says
+            raise GroupsError(f"expected {batch} group ids, got {len(groups)}")
+        work.items = True
         return
     with statistics_path("cpu"):  # host data: read it
         work.grouping = group_ids_and_row_keys(groups, batch, group_size=seen.group_size)
@@ -498,14 +506,13 @@ def _plan_grouping(seen: InputObservation, work: HostWork, device: torch.device)
 
 
 def _shared_groups(seen: InputObservation) -> HostGroups | None:
-    """On the CPU, the drill-down's group values serve the record's group counts too (one pass, not two)."""
-    if isinstance(seen.segments, HostSegments):
-        return seen.segments.groups
-    return None  # elsewhere the group statistics keep their own kernels (Triton where it runs)
+    """The drill-down's group values serve the record's group counts too (one pass, not two)."""
+    return seen.segments.groups if isinstance(seen.segments, HostSegments) else None
 
 
 def _host_function_nonfinite(functions: list[np.ndarray], batch: int) -> np.ndarray | None:
-    """:func:`_function_nonfinite` of the float64 values that crossed, in NumPy (the same sums, in the same order)."""
+    """Per sample, how many reward functions scored it NaN or Inf (those of the batch's length), from the float64
+    values that crossed."""
     counts = None
     for values in functions:
         if values.shape[0] != batch:
@@ -515,20 +522,9 @@ def _host_function_nonfinite(functions: list[np.ndarray], batch: int) -> np.ndar
     return counts
 
 
-def _function_nonfinite(functions: list[torch.Tensor], rewards: torch.Tensor) -> torch.Tensor | None:
-    """Per sample, how many reward functions scored it NaN or Inf (those of the batch's length)."""
-    counts = None
-    for values in functions:
-        if values.shape[0] != rewards.shape[0]:
-            continue
-        bad = (~torch.isfinite(to_device(values, rewards.device))).to(torch.float64)
-        counts = bad if counts is None else counts + bad
-    return counts
-
-
-def _slice_slots(seen: InputObservation, batch: int, device: torch.device | None) -> None:
-    """Each sample's slice slot, from labels on the host (a device tensor of labels is read back once); on
-    ``device`` too, unless ``None`` (a device call's slices are summed on the host)."""
+def _slice_slots(seen: InputObservation, batch: int) -> None:
+    """Each sample's slice slot, from labels on the host (a device tensor of labels is read back once), for the host
+    half to sum the slices by. Numbered during the call: the run's slots are given in call order."""
     labels, index = seen.pending_slices
     seen.pending_slices = None
     if isinstance(labels, torch.Tensor):
@@ -541,9 +537,7 @@ def _slice_slots(seen: InputObservation, batch: int, device: torch.device | None
     ids = index.ids(labels)
     seen.slice_index = index
     seen.sample_slices = ids
-    if device is not None:
-        seen.slice_slots = to_device(torch.from_numpy(ids), device)
-    elif seen.parts.host_work is not None:
+    if seen.parts.host_work is not None:
         seen.parts.host_work.sample_slices = ids
         seen.parts.host_work.slices = SliceSnapshot(index.slots, tuple(index.slot_names()))
 
@@ -573,25 +567,13 @@ def observe_output(
         if post is not None:
             parts.stages["post_norm"] = [post]
     batch = _batch_size(seen.rewards, advantages_t, problems)
-    if parts.host_work is None and seen.rewards is None and batch is not None and advantages_t is not None \
-            and sync_free(advantages_t):  # groups or slices without rewards, on a device
+    if parts.host_work is None and batch is not None and advantages_t is not None:
+        # Without rewards, groups can still be counted (and slices summed) from the advantages' batch.
         parts.host_work = _host_work(seen, batch, reward_range)
         _attempt(problems, lambda: _plan_grouping(seen, parts.host_work, advantages_t.device))
     if parts.host_work is not None:
         made = parts.stages.get("post_norm") if post_made else None
         _defer_outputs_to_host(seen, parts.host_work, advantages_t, problems, None if made is None else made[0])
-        return parts
-    if seen.pending_slices is not None and batch is not None and advantages_t is not None:
-        _attempt(problems, lambda: _slice_slots(seen, batch, advantages_t.device))
-    if seen.segments is not None or seen.slice_slots is not None:
-        try:
-            _add_group_views(seen, advantages_t)
-        except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
-            problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
-    if parts.groups is None and batch is not None:
-        # Without rewards, groups can still be counted from the advantages' batch.
-        grouped = _attempt(problems, lambda: _group_ids(seen.groups, seen.group_size, batch, None))
-        parts.groups = group_counts(None, None if grouped is None else grouped.ids, reward_range)
     return parts
 
 
@@ -636,12 +618,19 @@ def observe_call(
 
 def _wanted_extremes(seen: InputObservation, advantages: torch.Tensor) -> RowExtremes | None:
     """Row extremes for the drill-down, taken by the CPU sketch's own pass over dense advantages."""
-    wanted = seen.segments is not None or seen.pending_slices is not None or seen.slice_slots is not None
+    work = seen.parts.host_work
+    slices = seen.pending_slices is not None or (work is not None and work.sample_slices is not None)
+    grouped = work is not None and seen.rewards is not None and _numbered(work)
     dense = advantages.dim() == 2 and advantages.shape[1] > 1 and advantages.stride(1) != 0
-    if not wanted or not dense or sync_free(advantages) or advantages.dtype not in (torch.float32, torch.float64):
+    if not (grouped or slices) or not dense or sync_free(advantages) \
+            or advantages.dtype not in (torch.float32, torch.float64):
         return None
-    slices = seen.pending_slices is not None or seen.slice_slots is not None
     return RowExtremes(advantages.shape[0], advantages.dtype, sums=slices)
+
+
+def _numbered(work: HostWork) -> bool:
+    """Whether the host half will find the call's groups (numbered now, or from what crosses)."""
+    return work.grouping is not None or work.shipped is not None or work.items
 
 
 def _expand_row_counts(seen: InputObservation, advantages: torch.Tensor) -> torch.Tensor | None:
@@ -658,15 +647,16 @@ def _expand_row_counts(seen: InputObservation, advantages: torch.Tensor) -> torc
 
 def _defer_outputs_to_host(seen: InputObservation, work: HostWork, advantages: torch.Tensor | None,
                            problems: list[Problem], post: Part | None) -> None:
-    """:func:`observe_output` on a device: the advantages' row summaries join the vectors the host finishes from.
+    """:func:`observe_output`'s share of the host half: the advantages' row summaries join the vectors it finishes
+    from.
 
     Advantages of one value a sample (``[B]``, ``[B, 1]``, an expand view) whose post_norm part
     is exact need none: that part's values and weights (each row's valid count) cross
     anyway, and the host summarises them (``post``: the part made of these advantages).
     """
     if seen.pending_slices is not None and advantages is not None:
-        _attempt(problems, lambda: _slice_slots(seen, work.batch, None))
-    grouped = work.grouping is not None or work.shipped is not None
+        _attempt(problems, lambda: _slice_slots(seen, work.batch))
+    grouped = _numbered(work)
     if advantages is None or not ((grouped and seen.rewards is not None) or work.sample_slices is not None):
         return
     per_sequence = advantages.dim() == 1 or (advantages.dim() == 2 and advantages.shape[1] == 1)
@@ -683,7 +673,8 @@ def _defer_outputs_to_host(seen: InputObservation, work: HostWork, advantages: t
         problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
         return
     if rows is not None:
-        work.vectors.update((name, vector) for name, vector in zip(RowSummary._fields, rows) if vector is not None)
+        work.vectors.update((name, torch.as_tensor(vector)) for name, vector in zip(RowSummary._fields, rows)
+                            if vector is not None)  # the CPU's summaries may be NumPy already
 
 
 def _ship_row_values(seen: InputObservation, work: HostWork, advantages: torch.Tensor, per_sequence: bool) -> None:
@@ -703,11 +694,11 @@ def _ship_row_values(seen: InputObservation, work: HostWork, advantages: torch.T
 
 def finish_on_host(parts: CallParts, vectors: Mapping[str, np.ndarray], stages: Mapping[str, list[HostPart]],
                    problems: list[Problem]) -> CallParts:
-    """A device call's groups and their counts, rewards and derived pre_norm parts, bound evidence, worst groups
+    """A call's groups and their counts, rewards and derived pre_norm parts, bound evidence, worst groups
     and slices, on the host from its :class:`HostWork`, the ``vectors`` that crossed (as NumPy arrays, by name)
     and its ``stages`` as they crossed.
 
-    The CPU path's own code makes them, so a record is the same on every path. Returns a
+    The same code runs for every path, so a record is the same on every path. Returns a
     :class:`CallParts` of host values (CPU tensors and NumPy arrays; its ``stages`` hold
     :class:`~advmon.stats.HostPart` s for the call's empty stages); what fails is a problem
     and the rest is still finished.
@@ -733,8 +724,8 @@ def finish_on_host(parts: CallParts, vectors: Mapping[str, np.ndarray], stages: 
 
 
 def lost_on_host(exc: BaseException) -> Problem:
-    """The problem of a device call whose host half failed."""
-    return Problem("internal", f"a device call's groups, exemplars and slices were lost: {type(exc).__name__}: {exc}")
+    """The problem of a call whose host half failed."""
+    return Problem("internal", f"a call's groups, exemplars and slices were lost: {type(exc).__name__}: {exc}")
 
 
 def _finish_groups(seen: InputObservation, work: HostWork, vectors: Mapping[str, np.ndarray],
@@ -764,7 +755,9 @@ def _finish_groups(seen: InputObservation, work: HostWork, vectors: Mapping[str,
 
 
 def _host_groups(work: HostWork, vectors: Mapping[str, np.ndarray], seen: InputObservation) -> Grouping | None:
-    """The call's groups on the host: numbered during the call, or now from the vector that crossed."""
+    """The call's groups on the host: numbered during the call, or now from the vector that crossed or the items."""
+    if work.items:
+        return group_ids_and_row_keys(work.groups, work.batch)
     if work.shipped is None:
         return work.grouping
     rows, integer = work.shipped
@@ -801,11 +794,6 @@ def _host_rows(work: HostWork, vectors: Mapping[str, np.ndarray],
     return RowSummary(*(vectors.get(name) for name in RowSummary._fields))
 
 
-def _add_group_views(seen: InputObservation, advantages: torch.Tensor | None) -> None:
-    """The call's groups against their bound, its worst groups and per-slice sums: more parts of the transfer."""
-    _group_views(seen, _row_summaries(seen, advantages, sums=seen.slice_slots is not None))
-
-
 def _group_views(seen: InputObservation, rows: RowSummary | None) -> None:
     """The call's groups against their bound, its worst groups (and a ``key`` column to name them by) and
     per-slice sums, from its group values and the advantages' row summaries (``None``: not known)."""
@@ -834,16 +822,6 @@ def _group_views(seen: InputObservation, rows: RowSummary | None) -> None:
         parts.exemplars, parts.exemplar_keys = exemplars, keys
     if slices is not None:
         parts.slices, parts.slice_names, parts.sample_slices = slices, seen.slice_index.slot_names(), seen.sample_slices
-
-
-def _row_summaries(seen: InputObservation, advantages: torch.Tensor | None, sums: bool) -> RowSummary | None:
-    """Per-sample post-norm summaries on the rewards' device, when the advantages describe the call's samples."""
-    batch = seen.rewards.shape[0] if seen.rewards is not None else seen.slice_slots.shape[0]
-    rows = _advantage_rows(seen, advantages, sums, batch)
-    device = seen.rewards.device if seen.rewards is not None else seen.slice_slots.device
-    if rows is None or device.type == "cpu":
-        return rows  # tensors on the CPU already, or the CPU path's NumPy arrays
-    return RowSummary(*(None if t is None else to_device(torch.as_tensor(t), device) for t in rows))
 
 
 def _advantage_rows(seen: InputObservation, advantages: torch.Tensor | None, sums: bool,
@@ -953,12 +931,3 @@ def _batch_size(
     if batch == 0:
         problems.append(Problem("empty_batch", "the batch is empty"))
     return batch
-
-
-def _group_ids(
-    groups: Any, group_size: int | None, batch: int | None, rewards: torch.Tensor | None
-) -> Grouping | None:
-    if batch is None or (groups is None and group_size is None):
-        return None
-    device = rewards.device if rewards is not None else None
-    return group_ids_and_row_keys(groups, batch, group_size=group_size, device=device)

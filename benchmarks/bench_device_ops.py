@@ -133,7 +133,7 @@ def host_share(repeats: int) -> list[str]:
         f"  exact statistics of 4096 unweighted values  {median_us(lambda: summaries._exact_summary(values, ones), repeats):7.0f} us",
         f"  exact statistics of 4096 weighted values    {median_us(lambda: summaries._exact_summary(values, counts), repeats):7.0f} us",
         f"  a GRPO record's three summaries (B=4096)     {median_us(lambda: assembly.summaries_of(step)[0], repeats):7.0f} us",
-        f"  ... with packing and assembling the record  {median_us(record, repeats):7.0f} us",
+        f"  ... with its groups, packing and the record  {median_us(record, repeats):7.0f} us",
     ]
     def observe():
         monitor.observe(rewards=small[1], advantages=small[1].unsqueeze(-1).expand(small[2].shape), mask=small[2],

@@ -67,6 +67,47 @@ def test_watched_calls_return_while_the_host_half_holds_a_record():
     monitor.close()
 
 
+@pytest.mark.parametrize("groups", ["prompt rows", "uids", "ids"])
+def test_a_cpu_calls_groups_exemplars_and_slices_are_made_on_the_host_half(groups, monkeypatch):
+    """On the CPU too, the call's [B]-sized work (group values and counts, the derived pre_norm, bounds, worst
+    groups, slices, numbering verl's uids) runs on the monitor's thread; only what reads [B, S] or [B, T] (the
+    prompt rows' numbering, the sketch, row summaries) is done during the call."""
+    import advmon.observation
+    import advmon.stats.groups
+
+    threads: dict[str, set[str]] = {}
+
+    def spied(module, name):
+        original = getattr(module, name)
+
+        def spy(*args, **kwargs):
+            threads.setdefault(name, set()).add(threading.current_thread().name)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+
+    for name in ("reward_segments", "group_statistics", "call_bounds", "worst_groups", "slice_table"):
+        spied(advmon.observation, name)
+    spied(advmon.stats.groups, "_hashable_group_ids")
+    rng = np.random.default_rng(0)
+    prompts = torch.from_numpy(rng.integers(0, 50, (8, 5))).repeat_interleave(4, dim=0)
+    by_kind = {"prompt rows": prompts, "uids": np.array([f"u{i // 4}" for i in range(32)], dtype=object),
+               "ids": torch.arange(32) // 4}
+    rewards = torch.from_numpy(rng.integers(0, 2, 32)).float()
+    sink = ListSink()
+    with advmon.Monitor("cpu-host", sinks=[sink], exemplars=3) as monitor:
+        monitor.observe(rewards=rewards, advantages=torch.from_numpy(rng.normal(size=(32, 6))).float(),
+                        mask=torch.ones(32, 6), groups=by_kind[groups], slices=["a", "b"] * 16)
+    expected = {"reward_segments", "group_statistics", "call_bounds", "worst_groups", "slice_table"}
+    if groups == "uids":
+        expected.add("_hashable_group_ids")
+    assert set(threads) == expected
+    assert all(names == {"advmon-host-cpu-host"} for names in threads.values()), threads
+    record = sink.records[-1]
+    assert record.metrics["groups/count"] == 8.0 and len(record.exemplars) == 3
+    assert record.metrics["slices/a/rewards/count"] == 16.0
+
+
 def test_records_reach_the_sinks_in_step_order_whatever_each_costs():
     sink = ListSink()
     monitor = advmon.Monitor("order", sinks=[sink])

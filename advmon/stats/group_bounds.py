@@ -21,7 +21,7 @@ vectors cross to the host first: :func:`advmon.observation.finish_on_host`).
 Example:
     >>> import numpy as np
     >>> size = np.array([8.0, 8.0])
-    >>> ratios = group_ratios(np, "group_mean", np.array([17.5, 0.0]), size, size, np.array([0.0, 20.0]),
+    >>> ratios = group_ratios("group_mean", np.array([17.5, 0.0]), size, size, np.array([0.0, 20.0]),
     ...                       np.array([20.0, 20.0]))
     >>> ratios.round(4).tolist()  # Dr. GRPO on rewards 0 or 20: one pass in eight gives |A| = 17.5 of a spread of 20
     [0.875, 0.0]
@@ -30,7 +30,6 @@ Example:
 from __future__ import annotations
 
 import math
-from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -88,9 +87,9 @@ def merge_evidence(totals: np.ndarray, evidence: np.ndarray) -> np.ndarray:
     return np.array([merge[how](float(a), float(b)) for how, a, b in zip(EVIDENCE_MERGE, totals, evidence)])
 
 
-def group_ratios(xp: ModuleType, kind: str | None, peak: Any, size: Any, finite: Any, low: Any, high: Any,
-                 scale: Any = 1.0, base: float = math.nan, loo: Any = None) -> Any:
-    """Each group's peak |A| over what ``kind`` allows it (``xp`` is ``numpy`` or ``torch``).
+def group_ratios(kind: str | None, peak: np.ndarray, size: np.ndarray, finite: np.ndarray, low: np.ndarray,
+                 high: np.ndarray, scale: Any = 1.0, base: float = math.nan, loo: np.ndarray | None = None) -> np.ndarray:
+    """Each group's peak |A| over what ``kind`` allows it (NumPy arrays, one slot per group).
 
     ``group_std``: ``G / sqrt(G - 1)`` (``nan`` for groups of one); ``group_mean`` and
     ``gpg``: ``scale`` x (the spread of the group's ``finite`` rewards, plus :data:`SLACK`
@@ -105,25 +104,25 @@ def group_ratios(xp: ModuleType, kind: str | None, peak: Any, size: Any, finite:
         if kind in ("batch", "none"):
             return peak / base
         if kind == "group_std":
-            return _std_ratios(xp, peak, size)
+            return _std_ratios(peak, size)
         if kind in ("group_mean", "gpg"):
-            return _spread_ratios(xp, peak, finite, low, high, scale)
+            return _spread_ratios(peak, finite, low, high, scale)
         if kind == "group_loo_std" and loo is not None:
-            return xp.where(peak == 0, xp.where(loo >= 0, 0.0, math.nan), peak / loo)
-        return xp.fmin(_std_ratios(xp, peak, size), _spread_ratios(xp, peak, finite, low, high, scale))
+            return np.where(peak == 0, np.where(loo >= 0, 0.0, math.nan), peak / loo)
+        return np.fmin(_std_ratios(peak, size), _spread_ratios(peak, finite, low, high, scale))
 
 
-def _std_ratios(xp: ModuleType, peak: Any, size: Any) -> Any:
-    pairs = xp.where(size >= 2, size, math.nan)  # nan: a group of one normalizes to nothing
-    return peak * xp.sqrt(pairs - 1) / pairs
+def _std_ratios(peak: np.ndarray, size: np.ndarray) -> np.ndarray:
+    pairs = np.where(size >= 2, size, math.nan)  # nan: a group of one normalizes to nothing
+    return peak * np.sqrt(pairs - 1) / pairs
 
 
-def _spread_ratios(xp: ModuleType, peak: Any, finite: Any, low: Any, high: Any, scale: Any) -> Any:
+def _spread_ratios(peak: np.ndarray, finite: np.ndarray, low: np.ndarray, high: np.ndarray, scale: Any) -> np.ndarray:
     comparable = finite >= 2
-    spread = xp.where(comparable, high - low, math.nan)
-    slack = SLACK * xp.maximum(xp.abs(xp.where(comparable, low, 0.0)), xp.abs(xp.where(comparable, high, 0.0)))
+    spread = np.where(comparable, high - low, math.nan)
+    slack = SLACK * np.maximum(np.abs(np.where(comparable, low, 0.0)), np.abs(np.where(comparable, high, 0.0)))
     # 0 / 0 (a group of zeros whose advantages are all 0) is within its bound.
-    return xp.where(peak == 0, xp.where(comparable, 0.0, math.nan), peak / (scale * (spread + slack)))
+    return np.where(peak == 0, np.where(comparable, 0.0, math.nan), peak / (scale * (spread + slack)))
 
 
 # --------------------------------------------------------------------------- per group
@@ -177,12 +176,12 @@ def call_bounds(segments: Any, peaks: GroupPeaks | None, rewards: torch.Tensor,
         return evidence, None
     # Both group bounds once, for the evidence and the call's own ratios (counted in NumPy calls: a call's cost).
     with np.errstate(divide="ignore", invalid="ignore"):
-        by_size = _std_ratios(np, peaks.peak, size)
-        by_spread = _spread_ratios(np, peaks.peak, finite, low, high, 1.0)
+        by_size = _std_ratios(peaks.peak, size)
+        by_spread = _spread_ratios(peaks.peak, finite, low, high, 1.0)
         loo = None
         if kind == "group_loo_std":
             bounds = loo_bounds(r if groups.in_order else r[groups.order], groups, size, finite)
-            loo = group_ratios(np, kind, peaks.peak, size, finite, low, high, loo=bounds)
+            loo = group_ratios(kind, peaks.peak, size, finite, low, high, loo=bounds)
         _host_judged(evidence, peaks.peak, low, high, by_size, by_spread, loo)
         ratios = {"group_std": by_size, "group_mean": by_spread, "gpg": by_spread * (nonzero or 1) / r.shape[0],
                   "group_loo_std": loo, "batch": None, "none": None}.get(kind, np.fmin(by_size, by_spread))
