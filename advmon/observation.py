@@ -657,7 +657,9 @@ def _defer_outputs_to_host(seen: InputObservation, work: HostWork, advantages: t
     if seen.pending_slices is not None and advantages is not None:
         _attempt(problems, lambda: _slice_slots(seen, work.batch))
     grouped = _numbered(work)
-    if advantages is None or not ((grouped and seen.rewards is not None) or work.sample_slices is not None):
+    if advantages is None or work.batch == 0:
+        return  # an empty batch is its own problem (empty_batch): no rows to summarise
+    if not ((grouped and seen.rewards is not None) or work.sample_slices is not None):
         return
     per_sequence = advantages.dim() == 1 or (advantages.dim() == 2 and advantages.shape[1] == 1)
     one_value_a_row = per_sequence or (advantages.dim() == 2 and advantages.stride(1) == 0)

@@ -4,7 +4,8 @@
    inputs, NumPy layouts) through a watched estimator with every warning turned
    into an error: exceptions that escaped, results that were not the very object.
 2. Faults: sinks that fail at random, stall, or are killed; a writer killed with
-   SIGKILL mid-run and resumed: records lost from the JSONL file.
+   SIGKILL mid-run and resumed: acknowledged records (``monitor.wait()`` returned
+   after them) lost from the JSONL file.
 3. Secrets configured in sink URLs, searched for in everything printed and written.
 4. Interpreter exit with stuck sinks: seconds, against the budget.
 
@@ -135,28 +136,45 @@ def run_faults(seed: int, records: int = 300) -> dict[str, int]:
 
 
 def _kill_mid_run(folder: Path, runs: int = 3) -> dict[str, int]:
+    """SIGKILL a writer mid-run, three times, each run resuming the last one's file.
+
+    A record is acknowledged once ``monitor.wait()`` has returned after it (the host half
+    has written its line): every acknowledged record must be in the file. Records a
+    SIGKILL catches still on the host half are lost by design, as nothing runs on
+    SIGKILL (``advmon.flush()`` or ``monitor.wait()`` before a kill saves them).
+    """
     script = folder / "writer.py"
     script.write_text(
         "import sys, torch, advmon\n"
         "m = advmon.Monitor('killed', sinks=[advmon.JsonlSink(sys.argv[1])], resume=True)\n"  # each run resumes
         "for i in range(100000):\n"
         "    m.observe(rewards=torch.rand(64))\n"
-        "    print(i, flush=True)\n"
+        "    if i % 10 == 9:\n"
+        "        m.wait()\n"
+        "        print(i, flush=True)\n"
     )
     path = folder / "killed.jsonl"
-    lost = 0
+    acknowledged = []
     for _ in range(runs):
         process = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True)
-        for _ in range(50):
-            process.stdout.readline()
+        last = -1
+        for _ in range(5):
+            last = int(process.stdout.readline())
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
+        acknowledged.append(last)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         records = advmon.read_jsonl(path)
-    # Each run's steps count up from 0: a run that was acknowledged (printed) must be in the file.
-    starts = sum(1 for r in records if r.step == 0)
-    lost += runs - starts
+    # Each run's steps count up from 0, in the order the runs appended them.
+    by_run: list[set[int]] = []
+    for record in records:
+        if record.step == 0:
+            by_run.append(set())
+        if by_run:
+            by_run[-1].add(record.step)
+    by_run += [set()] * (runs - len(by_run))
+    lost = sum(len(set(range(last + 1)) - steps) for last, steps in zip(acknowledged, by_run))
     return {"runs": runs, "lost": lost}
 
 

@@ -549,6 +549,22 @@ def test_an_empty_batch_with_token_columns_is_the_documented_problem_not_an_inte
     monitor.close()
 
 
+@pytest.mark.parametrize("grouping", ["prompt rows", "uids", "slices"])
+def test_an_empty_dense_batch_with_groups_is_one_problem_not_a_drilldown_error(grouping):
+    """An empty batch with groups or slices used to add a 'worst groups and slices skipped' internal error (the row
+    summaries' reshape of 0 rows) to the documented empty_batch."""
+    call = {"prompt rows": dict(groups=torch.zeros(0, 3, dtype=torch.long)),
+            "uids": dict(groups=np.array([], dtype=object)), "slices": dict(slices=[])}[grouping]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = advmon.Monitor("empty-dense", sinks=[], exemplars=3)
+        monitor.observe(rewards=torch.zeros(0), advantages=torch.zeros(0, 5), mask=torch.zeros(0, 5), **call)
+        errors = monitor.internal_errors
+        monitor.close()
+    said = [str(w.message) for w in caught if issubclass(w.category, advmon.AdvmonWarning)]
+    assert errors == 1 and len(said) == 1 and "the batch is empty" in said[0], said
+
+
 def test_the_reliability_run_finds_nothing_at_ci_size():
     """benchmarks/reliability.py at a size that fits CI (make reliability runs 5,000 calls)."""
     import importlib.util
