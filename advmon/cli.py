@@ -34,7 +34,7 @@ from pathlib import Path
 
 from advmon.errors import AdvmonError
 from advmon.runs import SOURCE_FORMS
-from advmon.sinks.specs import SPEC_FORMS
+from advmon.config.specs import SPEC_FORMS
 
 __all__ = ["BAD_INPUT", "FINDING", "OK", "entry_point", "main"]
 
@@ -231,7 +231,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from advmon.report import format_summary
+    from advmon.reports.terminal import format_summary
     from advmon.runs import read_runs
 
     runs = [run for source in args.sources for run in read_runs(source)]
@@ -256,10 +256,10 @@ def redact_spec(spec: str) -> str:
 
 
 def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
-    from advmon.emitter import DeliveryPolicy, attach_sink, write_with_retries
+    from advmon.sinks.delivery import DeliveryPolicy, attach_sink, write_with_retries
     from advmon.redact import remember_secrets, scrub
     from advmon.runs import read_runs
-    from advmon.sinks.specs import parse_spec, sink_from_spec
+    from advmon.config.specs import parse_spec, sink_from_spec
 
     for spec in specs:
         parse_spec(spec)
@@ -300,7 +300,7 @@ def _replay(path: Path, specs: list[str], since_step: int, retries: int) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from advmon.html_report import write_png, write_report
+    from advmon.reports.html_page import write_png, write_report
     from advmon.rules import Thresholds
     from advmon.runs import read_run
 
@@ -326,7 +326,7 @@ def default_report_path(run, suffix: str) -> Path:  # noqa: ANN001 - a runs.Run
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from advmon.compare import compare_runs, write_comparison_html
+    from advmon.reports.compare import compare_runs, write_comparison_html
     from advmon.runs import read_run
 
     comparison = compare_runs(read_run(args.run_a), read_run(args.run_b), args.window, args.z, args.persistence)

@@ -26,7 +26,7 @@ import torch
 from advmon.errors import AdvmonConfigError
 from advmon.hooks import scored_by, sliced_by
 from advmon.monitor import Monitor
-from advmon.report import format_summary
+from advmon.reports.terminal import format_summary
 from advmon.sinks.jsonl import JsonlSink, read_jsonl
 
 __all__ = ["DemoConfig", "grpo_advantages", "run_demo", "serve_demo"]
@@ -170,8 +170,8 @@ def run_demo(config: DemoConfig) -> str:
 
 def _report_and_comparison(config: DemoConfig) -> str:
     """The HTML report of ``tp2`` and the comparison of ``tp1`` with ``tp2``, written beside the runs."""
-    from advmon.compare import compare_runs, write_comparison_html
-    from advmon.html_report import write_report
+    from advmon.reports.compare import compare_runs, write_comparison_html
+    from advmon.reports.html_page import write_report
     from advmon.runs import read_run
 
     tp1, tp2 = (read_run(config.out / f"{run}.jsonl") for run in ("tp1", "tp2"))

@@ -22,7 +22,7 @@ import torch
 
 import advmon.assembly as assembly
 import advmon.lifecycle as lifecycle
-from advmon.configuration import (
+from advmon.config.checks import (
     checked_exemplars,
     checked_max_slices,
     checked_policy,
@@ -33,8 +33,8 @@ from advmon.configuration import (
     global_rank,
     make_alert_sink,
 )
-from advmon.emitter import Delivery
-from advmon.environment import jsonl_path, monitor_settings
+from advmon.sinks.delivery import Delivery
+from advmon.config.environment import jsonl_path, monitor_settings
 from advmon.errors import AdvmonConfigError, AdvmonError, closing_on_error, warn
 from advmon.host_half import HostHalf
 from advmon.hooks import (
@@ -64,7 +64,7 @@ from advmon.record import HISTOGRAM_STAGES, Record
 from advmon.rules import Thresholds
 from advmon.sinks.base import SinkLike
 from advmon.sinks.jsonl import JsonlSink
-from advmon.sinks.specs import sinks_from_env, specs_from_env
+from advmon.config.specs import sinks_from_env, specs_from_env
 from advmon.stats import Part, SliceIndex, statistics_threads
 from advmon.steps import StepTracker
 
@@ -107,7 +107,7 @@ class Monitor:
             global rank 0 (``torch.distributed`` or ``RANK``) records and emits;
             other ranks run their estimators untouched.
         queue_size, retries: delivery to asynchronous sinks (see
-            :class:`advmon.emitter.DeliveryPolicy`).
+            :class:`advmon.sinks.delivery.DeliveryPolicy`).
         close_timeout: seconds :meth:`close` waits for queued records.
         alerts: evaluate the alert catalog in-process and notify: notifier specs
             (``"slack:SLACK_WEBHOOK_URL"``, ``"slack:/run/secrets/slack"``,
@@ -965,7 +965,7 @@ def set_monitor(monitor: Monitor | None) -> Monitor | None:
 
 
 def monitor_from_environment(run: str | None = None) -> Monitor:
-    """The process-wide monitor as the ``ADVMON_*`` variables describe it (:mod:`advmon.environment`).
+    """The process-wide monitor as the ``ADVMON_*`` variables describe it (:mod:`advmon.config.environment`).
 
     ``run`` names it when ``ADVMON_RUN`` does not. Without any variable set this is
     ``Monitor()`` with its defaults.

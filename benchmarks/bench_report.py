@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from advmon.alerts.evaluator import evaluate_records
-from advmon.compare import compare_runs
-from advmon.html_report import write_report
+from advmon.reports.compare import compare_runs
+from advmon.reports.html_page import write_report
 from advmon.runs import read_run
 from advmon.simulation import RunSpec, simulate
 

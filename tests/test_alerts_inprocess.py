@@ -297,7 +297,7 @@ def test_batch_whitened_groups_are_recorded_and_judged_by_the_declared_kind(decl
 
 
 def test_normalization_is_read_from_advmon_instrument():
-    from advmon.environment import parse_targets
+    from advmon.config.environment import parse_targets
     from advmon.errors import AdvmonConfigError
 
     target, raw, plain = parse_targets(
@@ -309,7 +309,7 @@ def test_normalization_is_read_from_advmon_instrument():
     with pytest.raises(AdvmonConfigError, match="expected .* or normalization=, got 'group_normalized=false'"):
         parse_targets("my.module:Reinforce(group_normalized=false)")
     # A function of the call's arguments travels as module:function (how a Ray worker gets NeMo-RL's classes).
-    from advmon.environment import Target
+    from advmon.config.environment import Target
     from advmon.hooks import ArgumentNames
     from advmon.integrations.nemo_rl import ESTIMATORS, grpo_normalization
 

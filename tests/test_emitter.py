@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import advmon
-from advmon.emitter import DeliveryPolicy, SinkWorker
+from advmon.sinks.delivery import DeliveryPolicy, SinkWorker
 
 from .services import wait_for
 
@@ -193,7 +193,7 @@ def test_a_sink_with_a_delivery_interval_gets_bursts_and_flush_delivers_at_once(
     assert burst.steps == []  # held for the burst
     monitor.flush(timeout=60)  # 60 s: a hang guard, and still far short of the interval
     assert burst.steps == [0, 1, 2]  # a drain does not wait for the interval
-    from advmon.emitter import MAX_BATCH
+    from advmon.sinks.delivery import MAX_BATCH
 
     for _ in range(MAX_BATCH):
         monitor.observe(rewards=torch.ones(8))

@@ -130,7 +130,7 @@ def test_jsonl_keeps_them_compactly_and_reads_them_back(tmp_path):
 
 
 def test_on_by_default_only_where_a_sink_takes_them(tmp_path, monkeypatch):
-    from advmon.environment import monitor_settings
+    from advmon.config.environment import monitor_settings
     from advmon.errors import AdvmonConfigError
 
     rewards = torch.tensor([0.0, 1.0, 1.0, 0.0])

@@ -121,7 +121,7 @@ def test_activation_creates_nothing_until_a_call_and_patches_targets_on_import(t
     code = textwrap.dedent(
         """
         import os, sys, torch
-        import advmon.activation as activation, advmon.lifecycle as lifecycle
+        import advmon.integrations.activation as activation, advmon.lifecycle as lifecycle
         activation.activate()
         assert "tests.remote_estimators" not in sys.modules
         assert lifecycle.current_default() is None and not os.path.exists(os.environ["ADVMON_DIR"])
@@ -148,7 +148,7 @@ def test_activation_creates_nothing_until_a_call_and_patches_targets_on_import(t
 
 
 def test_bad_variables_are_named_in_the_error():
-    from advmon.environment import monitor_settings, parse_targets
+    from advmon.config.environment import monitor_settings, parse_targets
 
     with pytest.raises(AdvmonConfigError, match="ADVMON_REWARD_RANGE"):
         monitor_settings({"ADVMON_REWARD_RANGE": "0"})
@@ -205,7 +205,7 @@ def test_sigterm_flushes_the_held_step_then_terminates_as_before(tmp_path):
     code = textwrap.dedent(
         """
         import os, sys, time, torch, advmon
-        from advmon.activation import install_sigterm_flush
+        from advmon.integrations.activation import install_sigterm_flush
         from tests.remote_estimators import PlainGRPO
         monitor = advmon.Monitor("sigterm", sinks=[advmon.JsonlSink(sys.argv[1])], step_source=lambda: 4)
         install_sigterm_flush()
@@ -471,7 +471,7 @@ def test_nemo_rl_single_controller_records_in_its_actor_at_the_step_it_logs(ray_
 
 
 def test_the_setup_hook_never_raises_and_runs_the_users_own_hook_after(monkeypatch, recwarn):
-    import advmon.activation as activation
+    import advmon.integrations.activation as activation
     from advmon.integrations.ray import setup_worker
     from tests import remote_estimators
 
@@ -527,14 +527,14 @@ def test_locally_defined_watched_functions_and_methods_travel_by_value_with_clou
 
 
 def test_a_nested_class_target_round_trips_and_is_watched_on_import(tmp_path):
-    from advmon.environment import Target, parse_targets
+    from advmon.config.environment import Target, parse_targets
     from advmon.hooks import ArgumentNames
 
     nested = Target("tests.remote_estimators", "Holder.Nested", "compute_advantage", ArgumentNames())
     assert parse_targets(nested.spec) == [nested]
     code = textwrap.dedent(
         """
-        import advmon.activation as activation
+        import advmon.integrations.activation as activation
         activation.activate()
         from tests.remote_estimators import Holder
         from advmon.hooks import is_watched

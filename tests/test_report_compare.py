@@ -12,7 +12,7 @@ import pytest
 
 import advmon
 from advmon.cli import main
-from advmon.compare import compare_runs
+from advmon.reports.compare import compare_runs
 from advmon.runs import Run, read_run
 from advmon.simulation import RunSpec, simulate
 from advmon.sinks.jsonl import JsonlSink
@@ -297,7 +297,7 @@ def test_a_level_shift_present_from_step_0_differs_from_the_start(shift):
 
 def test_compare_names_the_slice_that_diverges_first():
     """One source's reward parser breaks at step 40 (simulated): that slice diverges before the run-wide statistics."""
-    from advmon.compare import compare_runs
+    from advmon.reports.compare import compare_runs
     from advmon.runs import Run
     from advmon.simulation import RunSpec, simulate
 
@@ -341,7 +341,7 @@ def test_the_demo_tp2_report_shows_its_outliers_in_the_distribution(tmp_path):
     import numpy as np
 
     from advmon.demo import DemoConfig, simulate_run
-    from advmon.plots import distribution
+    from advmon.reports.plots import distribution
     from advmon.rules import Thresholds, abs_limit
     from advmon.runs import read_run
 

@@ -21,7 +21,7 @@ import pytest
 import advmon
 from advmon.cli import main
 from advmon.progress import Progress
-from advmon.report import TABLE
+from advmon.reports.terminal import TABLE
 from advmon.simulation import RunSpec, simulate
 from tests.test_report_compare import chromium, write_jsonl
 
@@ -109,7 +109,7 @@ def report_page(tmp_path: Path, source: Path, *extra: str) -> str:
 def test_report_text_never_overlaps_and_legends_leave_the_data_free(tmp_path, demo, run):
     """tp2 has the symmetric-log plots (|A| of 7,428 beside unit-scale values: the 10^0 and -10^0 labels of the
     distribution plot overlapped), the alert spans and the drill-down plots; tp1 the plain ones."""
-    from advmon.plots import PANELS, where_panels
+    from advmon.reports.plots import PANELS, where_panels
 
     source = dict(zip(("tp1", "tp2"), demo))[run]
     page = report_page(tmp_path, source)
@@ -198,7 +198,7 @@ def _drawn_panels(records, spans):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from advmon.plots import PANELS, draw_panel, where_panels
+    from advmon.reports.plots import PANELS, draw_panel, where_panels
 
     for panel in (*PANELS, *where_panels(records)):
         figure, axes = plt.subplots()
@@ -218,8 +218,8 @@ def test_every_band_and_shaded_span_is_in_its_legend(demo):
     from matplotlib.patches import Polygon, Rectangle
 
     from advmon.alerts.evaluator import evaluate_records
-    from advmon.html_report import alert_spans
-    from advmon.plots import draw_distribution
+    from advmon.reports.html_page import alert_spans
+    from advmon.reports.plots import draw_distribution
 
     records = advmon.read_jsonl(demo[1])
     spans = alert_spans(evaluate_records(records))

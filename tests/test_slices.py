@@ -235,7 +235,7 @@ def test_nemo_rl_gdpo_reward_components_are_its_reward_keys(sink):
 
 def test_advmon_instrument_entries_take_slices_and_reward_functions():
     """Workers configured by environment (Ray, NeMo-RL's controller) name them as ``watch`` does."""
-    from advmon.environment import parse_targets
+    from advmon.config.environment import parse_targets
 
     (target,) = parse_targets("my_rl.estimators:GDPO(slices=repeated_batch.task_name,reward_functions=repeated_batch:reward/)")
     assert target.names.slices == "repeated_batch.task_name" and target.names.reward_functions == "repeated_batch:reward/"

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from advmon.emitter import DeliveryPolicy
+from advmon.sinks.delivery import DeliveryPolicy
 from advmon.errors import AdvmonConfigError
 from advmon.sinks.base import SinkLike
-from advmon.sinks.specs import parse_spec, sink_from_spec
+from advmon.config.specs import parse_spec, sink_from_spec
 
 __all__ = ["MAX_RUN_BYTES", "checked_policy", "checked_range", "checked_run", "checked_sinks", "default_run_id",
            "global_rank", "make_alert_sink"]
@@ -59,7 +59,7 @@ def checked_run(run: Any) -> str:
 def make_alert_sink(alerts: Sequence[Any], thresholds: Mapping[str, float] | None, runbook_base: str = "",
                     dashboard_url: str = "") -> SinkLike:
     from advmon.alerts.sink import AlertSink
-    from advmon.sinks.specs import notifiers_from_specs
+    from advmon.config.specs import notifiers_from_specs
 
     if isinstance(alerts, (str, bytes)) or not isinstance(alerts, Sequence):
         raise AdvmonConfigError(f"alerts must be a list of notifier specs or notifiers, got {type(alerts).__name__}")

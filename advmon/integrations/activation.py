@@ -8,7 +8,7 @@ variables on the first recorded call, so the many workers Ray starts that never
 compute an advantage cost nothing and cannot collide on a port.
 
 Example:
-    >>> import advmon.activation as activation
+    >>> import advmon.integrations.activation as activation
     >>> activation.activate({"ADVMON_INSTRUMENT": "my_rl.not_imported_yet:Estimator(groups=uid)"})
     ['my_rl.not_imported_yet:Estimator(groups=uid)']
     >>> activation.deactivate()  # forget it again
@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 import advmon.lifecycle as lifecycle
-from advmon.environment import Target, parse_targets
+from advmon.config.environment import Target, parse_targets
 from advmon.errors import AdvmonConfigError, warn
 from advmon.hooks import instrument, is_watched, watch_with
 from advmon.lifecycle import install_sigterm_flush

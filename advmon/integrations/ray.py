@@ -27,10 +27,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from advmon.environment import Target, parse_targets
+from advmon.config.environment import Target, parse_targets
 from advmon.errors import AdvmonConfigError, warn
 from advmon.hooks import ArgumentNames, instrumented_classes
-from advmon.sinks.specs import parse_spec
+from advmon.config.specs import parse_spec
 
 __all__ = ["NEXT_HOOK_VARIABLE", "SETUP_HOOK", "runtime_env", "setup_worker"]
 
@@ -76,8 +76,8 @@ def runtime_env(
         AdvmonConfigError: a value the workers could not use (checked here, once,
             rather than as a warning in every worker).
     """
-    from advmon.configuration import checked_range, checked_run, default_run_id
-    from advmon.environment import step_source_from
+    from advmon.config.checks import checked_range, checked_run, default_run_id
+    from advmon.config.environment import step_source_from
     from advmon.lifecycle import current_default
 
     merged: dict[str, Any] = dict(base or {})
@@ -141,7 +141,7 @@ def setup_worker(then: Callable[[], Any] | None = None) -> None:
     ``ADVMON_NEXT_SETUP_HOOK``), whose errors are Ray's to report, as without advmon.
     """
     try:
-        from advmon.activation import activate
+        from advmon.integrations.activation import activate
 
         activate()
     except Exception as exc:  # noqa: BLE001 - a worker must start whatever advmon thinks

@@ -373,7 +373,7 @@ def write_comparison_html(comparison: Comparison, out: Path) -> Path:
     one self-contained HTML page. A statistic constant and equal in both runs (no Inf anywhere) is named, not drawn."""
     import html
 
-    from advmon.html_report import PAGE_STYLE, format_number, write_page
+    from advmon.reports.html_page import PAGE_STYLE, format_number, write_page
 
     a, b = comparison.run_a, comparison.run_b
     diverged, same = comparison.diverged_in_order(), [s for s in comparison.statistics if not s.diverged]
@@ -413,7 +413,7 @@ def _same_constant(a: np.ndarray, b: np.ndarray) -> float | None:
 def _overlay_svg(verdict: StatisticVerdict, steps: np.ndarray, va: np.ndarray, vb: np.ndarray, a: str, b: str) -> str:
     import matplotlib.pyplot as plt
 
-    from advmon.plots import choose_scale, figure_to_svg, new_figure, place_legend
+    from advmon.reports.plots import choose_scale, figure_to_svg, new_figure, place_legend
 
     figure, axes = new_figure()
     axes.plot(steps, va, linewidth=2.4, color="#1f77b4", alpha=0.8, label=f"A: {a}")  # wider: seen under an equal B
@@ -451,7 +451,7 @@ def _verdict_html(comparison: Comparison) -> str:
 
 
 def _verdict_table(verdicts: list[StatisticVerdict]) -> str:
-    from advmon.html_report import format_number
+    from advmon.reports.html_page import format_number
 
     lines = ["<table><tr><th>statistic</th><th>verdict</th><th>first step</th><th>why</th><th>largest |z|</th>"
              "<th>mean A</th><th>mean B</th></tr>"]

@@ -2,7 +2,7 @@
 
 The page opens offline: styles inline, plots inline SVG, no script, no CDN. It
 holds the run's header (steps, estimator, time span), the plots of
-:data:`advmon.plots.PANELS` with the spans where the alert catalog fired, a table
+:data:`advmon.reports.plots.PANELS` with the spans where the alert catalog fired, a table
 of the alerts with their first and last step and runbook links, a "where"
 section (per-slice and per-reward-function plots, and the worst groups at each
 alert's firing step, when the records have them), and the last/worst table of
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from advmon.alerts.evaluator import Occurrence, evaluate_records
 from advmon.alerts.runbooks import runbook_html
-from advmon.plots import PANELS, Panel, draw_distribution, draw_panel, figure_to_svg, new_figure, where_panels
+from advmon.reports.plots import PANELS, Panel, draw_distribution, draw_panel, figure_to_svg, new_figure, where_panels
 from advmon.progress import Progress
 from advmon.rules import Thresholds, abs_limit, rule_named, runbook_link
 from advmon.runs import Run
@@ -207,7 +207,7 @@ def _runbooks_section(occurrences: Sequence[Occurrence]) -> str:
 
 
 def _summary_table(run: Run) -> str:
-    from advmon.report import TABLE, WORST_END, worst_step_text, worst_value
+    from advmon.reports.terminal import TABLE, WORST_END, worst_step_text, worst_value
 
     last = run.records[-1]
     lines = ["<table><tr><th>metric</th><th>last</th><th>worst is the</th><th>worst</th><th>at step</th></tr>"]
