@@ -1,5 +1,6 @@
-"""The house has no circles (no advmon module imports, at any depth, one that imports it back), its layers point
-down, and the statistics engine (``advmon/stats/``) has one door."""
+"""The house has no circles (no advmon module imports, at any depth, one that imports it back, ``TYPE_CHECKING``
+imports included), its layers point down (README's "Layout"), no module uses another's underscore names, and the
+statistics engine (``advmon/stats/``) has one door."""
 
 from __future__ import annotations
 
@@ -24,12 +25,11 @@ def _absolute(node: ast.ImportFrom, package: str) -> str | None:
 
 
 def _imports(tree: ast.AST, package: str = "advmon") -> set[str]:
-    """Every advmon module imported anywhere in the file (functions included), TYPE_CHECKING blocks aside."""
+    """Every advmon module imported anywhere in the file (functions and ``TYPE_CHECKING`` blocks included: a type
+    that names a layer above is a dependency on it too)."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            return
         module = _absolute(node, package) if isinstance(node, ast.ImportFrom) else None
         if module and module.startswith("advmon"):
             found.add(module)
@@ -101,6 +101,118 @@ def test_the_layers_point_down():
     for module in (m for m in graph if m.startswith("advmon.sinks")):
         assert "advmon.monitor" not in graph[module], module
     assert "advmon.monitor" not in graph["advmon.hooks"]
+
+
+#: The layers, lowest first (README's "Layout"; ../shared/docs/style.md, "The house as it grows"). A module
+#: imports only from its own layer or below.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("the engine", ("advmon.stats",)),
+    ("shared words", ("advmon.errors", "advmon.redact", "advmon.progress", "advmon.record", "advmon.rules",
+                      "advmon.lifecycle")),
+    ("capture and sinks", ("advmon.hooks", "advmon.observation", "advmon.normalization", "advmon.sinks")),
+    ("on-call and recorded runs", ("advmon.alerts", "advmon.dashboards", "advmon.runs")),
+    ("configuration and reports", ("advmon.config", "advmon.reports")),
+    ("the monitor", ("advmon.monitor", "advmon.assembly", "advmon.steps", "advmon.stopping", "advmon.host_half")),
+    ("integrations", ("advmon.integrations",)),
+    ("the face", ("advmon", "advmon.__main__", "advmon.cli", "advmon.demo", "advmon.simulation",
+                  "advmon.activation")),
+]
+
+#: What a layer may not use although it sits higher (the style guide's "never uses" column).
+NEVER: dict[str, tuple[str, ...]] = {
+    "advmon.sinks": ("advmon.hooks", "advmon.observation", "advmon.normalization", "advmon.alerts",
+                     "advmon.config"),
+    "advmon.hooks": ("advmon.sinks",),
+    "advmon.observation": ("advmon.sinks", "advmon.hooks"),
+    "advmon.rules": ("advmon.stats", "advmon.sinks"),
+    "advmon.alerts": ("advmon.stats", "advmon.hooks", "advmon.observation", "advmon.normalization"),
+    "advmon.dashboards": ("advmon.stats", "advmon.hooks", "advmon.observation", "advmon.normalization",
+                          "advmon.runs", "advmon.alerts"),
+    "advmon.runs": ("advmon.hooks", "advmon.observation", "advmon.alerts"),
+    "advmon.reports": ("advmon.hooks", "advmon.observation", "advmon.config"),
+}
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer_of(module: str) -> int:
+    """The layer a module stands in (the longest matching prefix decides: ``advmon.cli`` is the face, not
+    ``advmon``'s)."""
+    best = (-1, -1)
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or (prefix != "advmon" and _within(module, prefix))) and len(prefix) > best[1]:
+                best = (rank, len(prefix))
+    assert best[0] >= 0, f"{module} stands in no layer: add it to LAYERS (and to README's Layout)"
+    return best[0]
+
+
+def test_every_import_points_down_a_layer_or_stays_in_its_own():
+    upward = []
+    for module, imported in import_graph().items():
+        upward += [f"{module} ({LAYERS[layer_of(module)][0]}) -> {target} ({LAYERS[layer_of(target)][0]})"
+                   for target in sorted(imported) if layer_of(target) > layer_of(module)]
+    assert upward == []
+
+
+def test_no_layer_uses_what_the_house_says_it_never_uses():
+    broken = []
+    for module, imported in import_graph().items():
+        for owner, never in NEVER.items():
+            if _within(module, owner):
+                broken += [f"{module} -> {t}" for t in sorted(imported) if any(_within(t, n) for n in never)]
+    assert broken == []
+
+
+def test_the_layer_rules_can_fail():
+    assert layer_of("advmon.sinks.delivery") < layer_of("advmon.monitor") < layer_of("advmon.cli")
+    assert layer_of("advmon.stats.groups") == 0 and layer_of("advmon") == len(LAYERS) - 1
+
+
+def _private_names_used_across_modules() -> list[str]:
+    """Underscore names a module imports from another advmon module, or reaches on another module's objects (an
+    attribute ``x._name`` that only other modules define), the engine's modules among themselves aside."""
+    trees = {_module_name(path): ast.parse(path.read_text()) for path in PACKAGE.rglob("*.py")}
+    defined: dict[str, set[str]] = defaultdict(set)
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined[node.name].add(module)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                defined[node.attr].add(module)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined[node.id].add(module)
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("advmon"):
+                found += [f"{module}: from {node.module} import {alias.name}" for alias in node.names
+                          if _private(alias.name) and not (_in_engine(module) and _in_engine(node.module))]
+            elif isinstance(node, ast.Attribute) and _private(node.attr) \
+                    and ast.unparse(node.value) not in ("self", "cls"):
+                owners = defined.get(node.attr, set())
+                if owners and module not in owners and not (_in_engine(module) and all(map(_in_engine, owners))):
+                    found.append(f"{module}: {ast.unparse(node)} (defined in {', '.join(sorted(owners))})")
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_uses_another_modules_underscore_names():
+    assert _private_names_used_across_modules() == []
+
+
+def test_advmon_activation_is_the_integrations_module_itself():
+    """docs/api.md promises ``advmon.activation.activate()``; the module moved to integrations/."""
+    import advmon.activation
+    import advmon.integrations.activation
+
+    assert advmon.activation is advmon.integrations.activation
+    from advmon.activation import activate, deactivate, install_sigterm_flush  # noqa: F401
 
 
 def _engine_names_used_outside() -> list[str]:
