@@ -5,6 +5,7 @@ statistics engine (``advmon/stats/``) has one door."""
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -254,3 +255,14 @@ def test_relative_imports_count_as_edges():
     assert _imports(tree, "advmon.sinks") == {
         "advmon.sinks", "advmon.sinks.base", "advmon", "advmon.record", "advmon.stats",
     }
+
+
+def test_the_readme_layout_names_every_module_and_package_at_the_top():
+    """README's "Layout" and the code agree: every top-level module and package is named there."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):]
+    layout = layout[: layout.index("\n## ", 1)] if "\n## " in layout[1:] else layout
+    present = {f"{p.name}" for p in PACKAGE.glob("*.py") if p.name != "__main__.py"}
+    present |= {f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    named = set(re.findall(r"`([a-z_]+(?:\.py|/))`", layout))
+    assert present - named == set(), "not in README's Layout"
