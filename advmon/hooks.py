@@ -19,20 +19,18 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from advmon.errors import AdvmonConfigError
 from advmon.normalization import Normalization, checked_normalization
 from advmon.observation import InputObservation, Problem
 from advmon.stats import Part
 
-if TYPE_CHECKING:
-    from advmon.monitor import Monitor
-
 __all__ = [
     "ARGUMENT_NAME_OPTIONS",
     "PARAMETER_NAMES",
     "ArgumentNames",
+    "Recorder",
     "current_reward_functions",
     "current_slice_labels",
     "grouped_by",
@@ -108,11 +106,39 @@ PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
 _DEFAULT_NAMES = {field: ArgumentNames.__dataclass_fields__[field].default for field in PARAMETER_NAMES}
 
 
+class Recorder(Protocol):
+    """What a wrapper hands its calls to: start a call, finish it, record a tap.
+
+    :class:`advmon.Monitor` implements it; this module knows no more of a monitor
+    than this, so the capture layer does not import the monitor (the dependency points
+    down: the monitor imports hooks). A wrapper finds the process-wide recorder, or
+    the one of its run, through :mod:`advmon.lifecycle`, where the monitor registers.
+    """
+
+    #: The run the recorder writes; a wrapper that crosses processes carries it.
+    run: str
+
+    def start_call(
+        self, estimator: str, inputs: dict[str, Any] | None, owner: Any, names: ArgumentNames
+    ) -> ActiveCall | None:
+        """Begin recording a call of ``estimator`` (``None``: just run it); ``inputs`` as :func:`_bind` found
+        them (``None``: the arguments could not be bound)."""
+        ...
+
+    def finish_call(self, call: ActiveCall, result: Any) -> None:
+        """The call returned ``result``: record it (never raises into the caller unless asked to be strict)."""
+        ...
+
+    def record_tap(self, call: ActiveCall, stage: str, tensor: Any, mask: Any) -> None:
+        """:func:`tap` inside ``call``: take ``tensor``'s statistics for ``stage`` now."""
+        ...
+
+
 @dataclass
 class ActiveCall:
     """The watched call in flight: what taps need and what they recorded."""
 
-    monitor: Monitor
+    monitor: Recorder
     estimator: str
     inputs: dict[str, Any]
     owner: Any
@@ -140,11 +166,11 @@ class Binding:
 
     __slots__ = ("monitor", "run")
 
-    def __init__(self, monitor: Monitor | None, run: str | None = None) -> None:
+    def __init__(self, monitor: Recorder | None, run: str | None = None) -> None:
         self.monitor = monitor
         self.run = monitor.run if monitor is not None else run
 
-    def resolve(self) -> Monitor | None:
+    def resolve(self) -> Recorder | None:
         if self.monitor is not None:
             return self.monitor
         from advmon.lifecycle import default_monitor, monitor_of_run
@@ -244,7 +270,7 @@ async def run_watched_async(state: WatchState, args: tuple[Any, ...], kwargs: di
     return result
 
 
-def watch_with(fn: F, monitor: Monitor | None, names: ArgumentNames) -> F:
+def watch_with(fn: F, monitor: Recorder | None, names: ArgumentNames) -> F:
     """Wrap ``fn`` so each call is recorded by ``monitor`` (``None``: the process-wide one).
 
     The wrapper is a plain function (it binds as a method and stays a coroutine
@@ -494,7 +520,7 @@ def current_slice_labels() -> Any:
     return _SLICE_LABELS.get()
 
 
-def is_watched(fn: Any, monitor: Monitor | None | object = ...) -> bool:
+def is_watched(fn: Any, monitor: Recorder | None | object = ...) -> bool:
     """Whether ``fn`` (or a bound method's function) is an advmon wrapper, for ``monitor`` if given."""
     states = [getattr(fn, _WATCHED, None), getattr(getattr(fn, "__func__", None), _WATCHED, None)]
     states = [s for s in states if isinstance(s, WatchState)]
@@ -504,7 +530,7 @@ def is_watched(fn: Any, monitor: Monitor | None | object = ...) -> bool:
     return any(s.binding.covers(wanted) for s in states)
 
 
-def instrument(target: Any, monitor: Monitor | None, method: str, names: ArgumentNames) -> Any:
+def instrument(target: Any, monitor: Recorder | None, method: str, names: ArgumentNames) -> Any:
     """Wrap ``target.method`` in place (an instance or a class); idempotent per monitor.
 
     An instance whose class is watched by another monitor is wrapped again: the
@@ -625,5 +651,5 @@ def tap(stage: str, tensor: Any, mask: Any = None) -> Any:
     """
     call = _ACTIVE.get()
     if call is not None:
-        call.monitor._record_tap(call, stage, tensor, mask)
+        call.monitor.record_tap(call, stage, tensor, mask)
     return tensor

@@ -564,7 +564,7 @@ class Monitor:
             "arrives), and configure that process with ADVMON_* variables (docs/integrations.md, Ray)"
         )
 
-    # ------------------------------------------------------------------ hooks' side
+    # ------------------------------------------------------------------ hooks.Recorder: what watched calls use
 
     def start_call(
         self, estimator: str, inputs: dict[str, Any] | None, owner: Any, names: ArgumentNames
@@ -636,7 +636,7 @@ class Monitor:
         call.problems.extend(unmapped_inputs(call, advantages))
         return parts
 
-    def _record_tap(self, call: ActiveCall, stage: str, tensor: Any, mask: Any) -> None:
+    def record_tap(self, call: ActiveCall, stage: str, tensor: Any, mask: Any) -> None:
         """Statistics of a tapped tensor, taken now (the estimator may change it next)."""
         try:
             if not isinstance(stage, str) or not stage.replace("_", "").isalnum():
