@@ -21,9 +21,10 @@ from typing import Any, Callable, TypeVar, overload
 
 from advmon.errors import AdvmonConfigError, AdvmonError, AdvmonWarning
 from advmon.hooks import ArgumentNames, scored_by, sliced_by, tap
+from advmon.hooks import checked_argument_names as _argument_names
 from advmon.hooks import instrument as _instrument
 from advmon.hooks import watch_with as _watch_with
-from advmon.monitor import Monitor, _argument_names, get_monitor, set_monitor
+from advmon.monitor import Monitor, get_monitor, set_monitor
 from advmon.normalization import KINDS as NORMALIZATION_KINDS
 from advmon.normalization import Normalization
 from advmon.record import Record

@@ -31,6 +31,7 @@ __all__ = [
     "PARAMETER_NAMES",
     "ArgumentNames",
     "Recorder",
+    "checked_argument_names",
     "current_reward_functions",
     "current_slice_labels",
     "grouped_by",
@@ -95,6 +96,23 @@ class ArgumentNames:
 
 #: The options :class:`ArgumentNames` takes, as ``watch``, ``instrument`` and ``ADVMON_INSTRUMENT`` name them.
 ARGUMENT_NAME_OPTIONS = tuple(option.name for option in fields(ArgumentNames))
+
+def checked_argument_names(options: Mapping[str, Any]) -> ArgumentNames:
+    """:class:`ArgumentNames` from ``instrument``'s keywords; an unknown one is a configuration error.
+
+    Example:
+        >>> checked_argument_names({"rewards": "scores"}).rewards
+        'scores'
+        >>> checked_argument_names({"reward": "scores"})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        advmon.errors.AdvmonConfigError: unknown argument name option(s) ['reward']; expected rewards=, mask=, ...
+    """
+    unknown = set(options) - set(ARGUMENT_NAME_OPTIONS)
+    if unknown:
+        raise AdvmonConfigError(f"unknown argument name option(s) {sorted(unknown)}; expected "
+                                f"{', '.join(f'{option}=' for option in ARGUMENT_NAME_OPTIONS)}")
+    return ArgumentNames(**options)
+
 
 #: The names frameworks give the inputs advmon reads (docs/api.md, "Parameter names"), first found wins, where
 #: ``watch`` keeps its default name for the input: NeMo-RL's, verl's and SkyRL's, TRL's, AReaL's, OpenRLHF's.

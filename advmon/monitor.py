@@ -38,9 +38,9 @@ from advmon.config.environment import jsonl_path, monitor_settings
 from advmon.errors import AdvmonConfigError, AdvmonError, closing_on_error, warn
 from advmon.host_half import HostHalf
 from advmon.hooks import (
-    ARGUMENT_NAME_OPTIONS,
     ActiveCall,
     ArgumentNames,
+    checked_argument_names,
     current_reward_functions,
     current_slice_labels,
     unmapped_inputs,
@@ -310,7 +310,7 @@ class Monitor:
 
     def instrument(self, target: Any, method: str = "compute_advantage", **argument_names: Any) -> Any:
         """Wrap ``target.method`` (an estimator instance or class) in place; see :func:`advmon.instrument`."""
-        return _instrument(target, self, method, _argument_names(argument_names))
+        return _instrument(target, self, method, checked_argument_names(argument_names))
 
     def observe(
         self,
@@ -901,14 +901,6 @@ def _required_tensor(value: Any, name: str) -> torch.Tensor:
 def _matching_mask(call: ActiveCall, values: torch.Tensor) -> torch.Tensor | None:
     mask = call.seen.mask if call.seen is not None else None
     return mask if mask is not None and tuple(mask.shape) == tuple(values.shape) else None
-
-
-def _argument_names(names: dict[str, Any]) -> ArgumentNames:
-    unknown = set(names) - set(ARGUMENT_NAME_OPTIONS)
-    if unknown:
-        raise AdvmonConfigError(f"unknown argument name option(s) {sorted(unknown)}; expected "
-                                f"{', '.join(f'{option}=' for option in ARGUMENT_NAME_OPTIONS)}")
-    return ArgumentNames(**names)
 
 
 def _internal_problem(exc: BaseException) -> Problem:
