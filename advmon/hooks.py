@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, overload
 
 from advmon.errors import AdvmonConfigError
 from advmon.normalization import Normalization, checked_normalization
@@ -39,8 +39,11 @@ __all__ = [
     "is_watched",
     "scored_by",
     "sliced_by",
+    "takes_argument_names",
     "tap",
     "unmapped_inputs",
+    "watch",
+    "watch_names",
     "watch_with",
 ]
 
@@ -112,6 +115,45 @@ def checked_argument_names(options: Mapping[str, Any]) -> ArgumentNames:
         raise AdvmonConfigError(f"unknown argument name option(s) {sorted(unknown)}; expected "
                                 f"{', '.join(f'{option}=' for option in ARGUMENT_NAME_OPTIONS)}")
     return ArgumentNames(**options)
+
+
+def takes_argument_names(function: F) -> F:
+    """Give a ``watch(fn=None, **names)`` the signature its callers see: its own parameters, then one
+    keyword-only parameter per field of :class:`ArgumentNames`, with the field's default and annotation.
+
+    ``advmon.watch`` and ``Monitor.watch`` take their argument names this way, so the options are
+    written once, in :class:`ArgumentNames`, and ``help()``, :func:`inspect.signature` and
+    documentation tools still list each of them (their ``@overload`` declarations spell them out for type
+    checkers; tests/test_settings_once.py holds those to :class:`ArgumentNames`).
+
+    Example:
+        >>> @takes_argument_names
+        ... def watch(fn=None, **names):
+        ...     return watch_names("watch", names)
+        >>> str(inspect.signature(watch)).startswith("(fn=None, *, rewards: 'str | None' = 'rewards', mask:")
+        True
+    """
+    signature = inspect.signature(function)
+    own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    options = [inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default,
+                                 annotation=option.type) for option in fields(ArgumentNames)]
+    function.__signature__ = signature.replace(parameters=[*own, *options])  # type: ignore[attr-defined]
+    return function
+
+
+def watch_names(caller: str, names: Mapping[str, Any]) -> ArgumentNames:
+    """The :class:`ArgumentNames` a ``watch`` was given; an unknown keyword is the ``TypeError`` Python raises
+    for a function that does not take it (``caller`` names the function, as Python would).
+
+    Example:
+        >>> watch_names("watch", {"reward": "scores"})
+        Traceback (most recent call last):
+        TypeError: watch() got an unexpected keyword argument 'reward'
+    """
+    for name in names:
+        if name not in ARGUMENT_NAME_OPTIONS:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    return ArgumentNames(**names)
 
 
 #: The names frameworks give the inputs advmon reads (docs/api.md, "Parameter names"), first found wins, where
@@ -298,6 +340,40 @@ def watch_with(fn: F, monitor: Recorder | None, names: ArgumentNames) -> F:
     module's attribute.
     """
     return _wrapper(WatchState(fn, Binding(monitor), names))  # type: ignore[return-value]
+
+
+@overload
+def watch(fn: F) -> F: ...
+
+
+@overload
+def watch(
+    fn: None = None,
+    *,
+    rewards: str | None = "rewards",
+    mask: str | None = "mask",
+    groups: str | None = "prompt_ids",
+    group_size: int | None = None,
+    slices: str | None = None,
+    reward_functions: str | None = None,
+    normalization: Normalization = None,
+) -> Callable[[F], F]: ...
+
+
+@takes_argument_names
+def watch(fn: F | None = None, **names: Any) -> F | Callable[[F], F]:
+    """Like :meth:`advmon.Monitor.watch`, on the process-wide monitor :func:`advmon.get_monitor`.
+
+    The monitor is looked up at each call, so :func:`advmon.set_monitor` after
+    decoration still takes effect. This is ``advmon.watch``; its keywords are
+    :class:`ArgumentNames`' fields.
+    """
+    argument_names = watch_names("watch", names)
+
+    def decorate(function: F) -> F:
+        return watch_with(function, None, argument_names)
+
+    return decorate(fn) if fn is not None else decorate
 
 
 def _wrapper(state: WatchState) -> Callable[..., Any]:

@@ -43,7 +43,9 @@ from advmon.hooks import (
     checked_argument_names,
     current_reward_functions,
     current_slice_labels,
+    takes_argument_names,
     unmapped_inputs,
+    watch_names,
     watch_with,
 )
 from advmon.hooks import instrument as _instrument
@@ -261,18 +263,8 @@ class Monitor:
         normalization: Normalization = None,
     ) -> Callable[[F], F]: ...
 
-    def watch(
-        self,
-        fn: F | None = None,
-        *,
-        rewards: str | None = "rewards",
-        mask: str | None = "mask",
-        groups: str | None = "prompt_ids",
-        group_size: int | None = None,
-        slices: str | None = None,
-        reward_functions: str | None = None,
-        normalization: Normalization = None,
-    ) -> F | Callable[[F], F]:
+    @takes_argument_names
+    def watch(self, fn: F | None = None, **names: Any) -> F | Callable[[F], F]:
         """Decorate an estimator function or method; use bare or with argument names.
 
         Arguments are bound by name (positional and keyword calls both work);
@@ -300,11 +292,10 @@ class Monitor:
             >>> compute_grpo_outcome_advantage.__name__
             'compute_grpo_outcome_advantage'
         """
-        names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices,
-                              reward_functions=reward_functions, normalization=normalization)
+        argument_names = watch_names("Monitor.watch", names)
 
         def decorate(function: F) -> F:
-            return watch_with(function, self, names)
+            return watch_with(function, self, argument_names)
 
         return decorate(fn) if fn is not None else decorate
 
