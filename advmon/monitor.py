@@ -52,6 +52,7 @@ from advmon.hooks import instrument as _instrument
 from advmon.observation import (
     CallParts,
     ObservationError,
+    ObserveSettings,
     Problem,
     advantages_of,
     as_tensor,
@@ -357,13 +358,10 @@ class Monitor:
                     groups=groups,
                     group_size=group_size,
                     taps=taps,
-                    reward_range=self.reward_range,
                     problems=problems,
+                    settings=self._observing(),
                     rewards_expected=False,
-                    exemplars=self.exemplars,
-                    bound_factor=self._bound_factor,
                     slices=slices if slices is not None else current_slice_labels(),
-                    slice_index=self._slice_index,
                     reward_functions=reward_functions if reward_functions is not None else current_reward_functions(),
                     normalization=normalization,
                 )
@@ -579,13 +577,10 @@ class Monitor:
                     mask=call.inputs.get("mask"),
                     groups=call.inputs.get("groups"),
                     group_size=names.group_size,
-                    reward_range=self.reward_range,
                     problems=call.problems,
+                    settings=self._observing(),
                     rewards_expected=names.rewards is not None,
-                    exemplars=self.exemplars,
-                    bound_factor=self._bound_factor,
                     slices=call.inputs.get("slices"),
-                    slice_index=self._slice_index,
                     reward_functions=call.inputs.get("reward_functions"),
                     normalization=_declared(names, call),
                 )
@@ -620,7 +615,6 @@ class Monitor:
             call.seen,
             advantages=advantages,
             taps=call.taps,
-            reward_range=self.reward_range,
             problems=call.problems,
         )
         parts.estimator_metrics = _numeric_metrics(estimator_metrics_of(result, call.owner), call.problems)
@@ -640,6 +634,10 @@ class Monitor:
             call.problems.append(error.problem)
         except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the estimator's
             call.problems.append(_internal_problem(exc))
+
+    def _observing(self) -> ObserveSettings:
+        """What every call's observation asks of it, watched or observed: one object, built in one place."""
+        return ObserveSettings(self.reward_range, self.exemplars, self._bound_factor, self._slice_index)
 
     # ------------------------------------------------------------------ records
 
