@@ -20,10 +20,11 @@ from __future__ import annotations
 from typing import Any, Callable, TypeVar, overload
 
 from advmon.errors import AdvmonConfigError, AdvmonError, AdvmonWarning
-from advmon.hooks import ArgumentNames, scored_by, sliced_by, tap
+from advmon.hooks import ArgumentNames, scored_by, sliced_by, tap, watch
+from advmon.hooks import checked_argument_names as _argument_names
 from advmon.hooks import instrument as _instrument
 from advmon.hooks import watch_with as _watch_with
-from advmon.monitor import Monitor, _argument_names, get_monitor, set_monitor
+from advmon.monitor import Monitor, get_monitor, set_monitor
 from advmon.normalization import KINDS as NORMALIZATION_KINDS
 from advmon.normalization import Normalization
 from advmon.record import Record
@@ -50,52 +51,6 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-@overload
-def watch(fn: F) -> F: ...
-
-
-@overload
-def watch(
-    fn: None = None,
-    *,
-    rewards: str | None = "rewards",
-    mask: str | None = "mask",
-    groups: str | None = "prompt_ids",
-    group_size: int | None = None,
-    slices: str | None = None,
-    reward_functions: str | None = None,
-    normalization: Normalization = None,
-) -> Callable[[F], F]: ...
-
-
-def watch(
-    fn: F | None = None,
-    *,
-    rewards: str | None = "rewards",
-    mask: str | None = "mask",
-    groups: str | None = "prompt_ids",
-    group_size: int | None = None,
-    slices: str | None = None,
-    reward_functions: str | None = None,
-    normalization: Normalization = None,
-) -> F | Callable[[F], F]:
-    """Like :meth:`Monitor.watch`, on the process-wide monitor :func:`get_monitor`.
-
-    The monitor is looked up at each call, so :func:`set_monitor` after
-    decoration still takes effect.
-    """
-    names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices,
-                          reward_functions=reward_functions, normalization=normalization)
-
-    def decorate(function: F) -> F:
-        return _watch_with(function, None, names)
-
-    return decorate(fn) if fn is not None else decorate
-
 
 def instrument(
     target: Any,

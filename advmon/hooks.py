@@ -19,20 +19,19 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar, overload
 
 from advmon.errors import AdvmonConfigError
 from advmon.normalization import Normalization, checked_normalization
 from advmon.observation import InputObservation, Problem
 from advmon.stats import Part
 
-if TYPE_CHECKING:
-    from advmon.monitor import Monitor
-
 __all__ = [
     "ARGUMENT_NAME_OPTIONS",
     "PARAMETER_NAMES",
     "ArgumentNames",
+    "Recorder",
+    "checked_argument_names",
     "current_reward_functions",
     "current_slice_labels",
     "grouped_by",
@@ -40,8 +39,11 @@ __all__ = [
     "is_watched",
     "scored_by",
     "sliced_by",
+    "takes_argument_names",
     "tap",
     "unmapped_inputs",
+    "watch",
+    "watch_names",
     "watch_with",
 ]
 
@@ -98,6 +100,62 @@ class ArgumentNames:
 #: The options :class:`ArgumentNames` takes, as ``watch``, ``instrument`` and ``ADVMON_INSTRUMENT`` name them.
 ARGUMENT_NAME_OPTIONS = tuple(option.name for option in fields(ArgumentNames))
 
+def checked_argument_names(options: Mapping[str, Any]) -> ArgumentNames:
+    """:class:`ArgumentNames` from ``instrument``'s keywords; an unknown one is a configuration error.
+
+    Example:
+        >>> checked_argument_names({"rewards": "scores"}).rewards
+        'scores'
+        >>> checked_argument_names({"reward": "scores"})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        advmon.errors.AdvmonConfigError: unknown argument name option(s) ['reward']; expected rewards=, mask=, ...
+    """
+    unknown = set(options) - set(ARGUMENT_NAME_OPTIONS)
+    if unknown:
+        raise AdvmonConfigError(f"unknown argument name option(s) {sorted(unknown)}; expected "
+                                f"{', '.join(f'{option}=' for option in ARGUMENT_NAME_OPTIONS)}")
+    return ArgumentNames(**options)
+
+
+def takes_argument_names(function: F) -> F:
+    """Give a ``watch(fn=None, **names)`` the signature its callers see: its own parameters, then one
+    keyword-only parameter per field of :class:`ArgumentNames`, with the field's default and annotation.
+
+    ``advmon.watch`` and ``Monitor.watch`` take their argument names this way, so the options are
+    written once, in :class:`ArgumentNames`, and ``help()``, :func:`inspect.signature` and
+    documentation tools still list each of them (their ``@overload`` declarations spell them out for type
+    checkers; tests/test_settings_once.py holds those to :class:`ArgumentNames`).
+
+    Example:
+        >>> @takes_argument_names
+        ... def watch(fn=None, **names):
+        ...     return watch_names("watch", names)
+        >>> str(inspect.signature(watch)).startswith("(fn=None, *, rewards: 'str | None' = 'rewards', mask:")
+        True
+    """
+    signature = inspect.signature(function)
+    own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    options = [inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default,
+                                 annotation=option.type) for option in fields(ArgumentNames)]
+    function.__signature__ = signature.replace(parameters=[*own, *options])  # type: ignore[attr-defined]
+    return function
+
+
+def watch_names(caller: str, names: Mapping[str, Any]) -> ArgumentNames:
+    """The :class:`ArgumentNames` a ``watch`` was given; an unknown keyword is the ``TypeError`` Python raises
+    for a function that does not take it (``caller`` names the function, as Python would).
+
+    Example:
+        >>> watch_names("watch", {"reward": "scores"})
+        Traceback (most recent call last):
+        TypeError: watch() got an unexpected keyword argument 'reward'
+    """
+    for name in names:
+        if name not in ARGUMENT_NAME_OPTIONS:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    return ArgumentNames(**names)
+
+
 #: The names frameworks give the inputs advmon reads (docs/api.md, "Parameter names"), first found wins, where
 #: ``watch`` keeps its default name for the input: NeMo-RL's, verl's and SkyRL's, TRL's, AReaL's, OpenRLHF's.
 PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
@@ -108,11 +166,39 @@ PARAMETER_NAMES: dict[str, tuple[str, ...]] = {
 _DEFAULT_NAMES = {field: ArgumentNames.__dataclass_fields__[field].default for field in PARAMETER_NAMES}
 
 
+class Recorder(Protocol):
+    """What a wrapper hands its calls to: start a call, finish it, record a tap.
+
+    :class:`advmon.Monitor` implements it; this module knows no more of a monitor
+    than this, so the capture layer does not import the monitor (the dependency points
+    down: the monitor imports hooks). A wrapper finds the process-wide recorder, or
+    the one of its run, through :mod:`advmon.lifecycle`, where the monitor registers.
+    """
+
+    #: The run the recorder writes; a wrapper that crosses processes carries it.
+    run: str
+
+    def start_call(
+        self, estimator: str, inputs: dict[str, Any] | None, owner: Any, names: ArgumentNames
+    ) -> ActiveCall | None:
+        """Begin recording a call of ``estimator`` (``None``: just run it); ``inputs`` as :func:`_bind` found
+        them (``None``: the arguments could not be bound)."""
+        ...
+
+    def finish_call(self, call: ActiveCall, result: Any) -> None:
+        """The call returned ``result``: record it (never raises into the caller unless asked to be strict)."""
+        ...
+
+    def record_tap(self, call: ActiveCall, stage: str, tensor: Any, mask: Any) -> None:
+        """:func:`tap` inside ``call``: take ``tensor``'s statistics for ``stage`` now."""
+        ...
+
+
 @dataclass
 class ActiveCall:
     """The watched call in flight: what taps need and what they recorded."""
 
-    monitor: Monitor
+    monitor: Recorder
     estimator: str
     inputs: dict[str, Any]
     owner: Any
@@ -140,11 +226,11 @@ class Binding:
 
     __slots__ = ("monitor", "run")
 
-    def __init__(self, monitor: Monitor | None, run: str | None = None) -> None:
+    def __init__(self, monitor: Recorder | None, run: str | None = None) -> None:
         self.monitor = monitor
         self.run = monitor.run if monitor is not None else run
 
-    def resolve(self) -> Monitor | None:
+    def resolve(self) -> Recorder | None:
         if self.monitor is not None:
             return self.monitor
         from advmon.lifecycle import default_monitor, monitor_of_run
@@ -244,7 +330,7 @@ async def run_watched_async(state: WatchState, args: tuple[Any, ...], kwargs: di
     return result
 
 
-def watch_with(fn: F, monitor: Monitor | None, names: ArgumentNames) -> F:
+def watch_with(fn: F, monitor: Recorder | None, names: ArgumentNames) -> F:
     """Wrap ``fn`` so each call is recorded by ``monitor`` (``None``: the process-wide one).
 
     The wrapper is a plain function (it binds as a method and stays a coroutine
@@ -254,6 +340,40 @@ def watch_with(fn: F, monitor: Monitor | None, names: ArgumentNames) -> F:
     module's attribute.
     """
     return _wrapper(WatchState(fn, Binding(monitor), names))  # type: ignore[return-value]
+
+
+@overload
+def watch(fn: F) -> F: ...
+
+
+@overload
+def watch(
+    fn: None = None,
+    *,
+    rewards: str | None = "rewards",
+    mask: str | None = "mask",
+    groups: str | None = "prompt_ids",
+    group_size: int | None = None,
+    slices: str | None = None,
+    reward_functions: str | None = None,
+    normalization: Normalization = None,
+) -> Callable[[F], F]: ...
+
+
+@takes_argument_names
+def watch(fn: F | None = None, **names: Any) -> F | Callable[[F], F]:
+    """Like :meth:`advmon.Monitor.watch`, on the process-wide monitor :func:`advmon.get_monitor`.
+
+    The monitor is looked up at each call, so :func:`advmon.set_monitor` after
+    decoration still takes effect. This is ``advmon.watch``; its keywords are
+    :class:`ArgumentNames`' fields.
+    """
+    argument_names = watch_names("watch", names)
+
+    def decorate(function: F) -> F:
+        return watch_with(function, None, argument_names)
+
+    return decorate(fn) if fn is not None else decorate
 
 
 def _wrapper(state: WatchState) -> Callable[..., Any]:
@@ -494,7 +614,7 @@ def current_slice_labels() -> Any:
     return _SLICE_LABELS.get()
 
 
-def is_watched(fn: Any, monitor: Monitor | None | object = ...) -> bool:
+def is_watched(fn: Any, monitor: Recorder | None | object = ...) -> bool:
     """Whether ``fn`` (or a bound method's function) is an advmon wrapper, for ``monitor`` if given."""
     states = [getattr(fn, _WATCHED, None), getattr(getattr(fn, "__func__", None), _WATCHED, None)]
     states = [s for s in states if isinstance(s, WatchState)]
@@ -504,7 +624,7 @@ def is_watched(fn: Any, monitor: Monitor | None | object = ...) -> bool:
     return any(s.binding.covers(wanted) for s in states)
 
 
-def instrument(target: Any, monitor: Monitor | None, method: str, names: ArgumentNames) -> Any:
+def instrument(target: Any, monitor: Recorder | None, method: str, names: ArgumentNames) -> Any:
     """Wrap ``target.method`` in place (an instance or a class); idempotent per monitor.
 
     An instance whose class is watched by another monitor is wrapped again: the
@@ -625,5 +745,5 @@ def tap(stage: str, tensor: Any, mask: Any = None) -> Any:
     """
     call = _ACTIVE.get()
     if call is not None:
-        call.monitor._record_tap(call, stage, tensor, mask)
+        call.monitor.record_tap(call, stage, tensor, mask)
     return tensor

@@ -38,18 +38,21 @@ from advmon.config.environment import jsonl_path, monitor_settings
 from advmon.errors import AdvmonConfigError, AdvmonError, closing_on_error, warn
 from advmon.host_half import HostHalf
 from advmon.hooks import (
-    ARGUMENT_NAME_OPTIONS,
     ActiveCall,
     ArgumentNames,
+    checked_argument_names,
     current_reward_functions,
     current_slice_labels,
+    takes_argument_names,
     unmapped_inputs,
+    watch_names,
     watch_with,
 )
 from advmon.hooks import instrument as _instrument
 from advmon.observation import (
     CallParts,
     ObservationError,
+    ObserveSettings,
     Problem,
     advantages_of,
     as_tensor,
@@ -261,18 +264,8 @@ class Monitor:
         normalization: Normalization = None,
     ) -> Callable[[F], F]: ...
 
-    def watch(
-        self,
-        fn: F | None = None,
-        *,
-        rewards: str | None = "rewards",
-        mask: str | None = "mask",
-        groups: str | None = "prompt_ids",
-        group_size: int | None = None,
-        slices: str | None = None,
-        reward_functions: str | None = None,
-        normalization: Normalization = None,
-    ) -> F | Callable[[F], F]:
+    @takes_argument_names
+    def watch(self, fn: F | None = None, **names: Any) -> F | Callable[[F], F]:
         """Decorate an estimator function or method; use bare or with argument names.
 
         Arguments are bound by name (positional and keyword calls both work);
@@ -300,17 +293,16 @@ class Monitor:
             >>> compute_grpo_outcome_advantage.__name__
             'compute_grpo_outcome_advantage'
         """
-        names = ArgumentNames(rewards=rewards, mask=mask, groups=groups, group_size=group_size, slices=slices,
-                              reward_functions=reward_functions, normalization=normalization)
+        argument_names = watch_names("Monitor.watch", names)
 
         def decorate(function: F) -> F:
-            return watch_with(function, self, names)
+            return watch_with(function, self, argument_names)
 
         return decorate(fn) if fn is not None else decorate
 
     def instrument(self, target: Any, method: str = "compute_advantage", **argument_names: Any) -> Any:
         """Wrap ``target.method`` (an estimator instance or class) in place; see :func:`advmon.instrument`."""
-        return _instrument(target, self, method, _argument_names(argument_names))
+        return _instrument(target, self, method, checked_argument_names(argument_names))
 
     def observe(
         self,
@@ -366,13 +358,10 @@ class Monitor:
                     groups=groups,
                     group_size=group_size,
                     taps=taps,
-                    reward_range=self.reward_range,
                     problems=problems,
+                    settings=self._observing(),
                     rewards_expected=False,
-                    exemplars=self.exemplars,
-                    bound_factor=self._bound_factor,
                     slices=slices if slices is not None else current_slice_labels(),
-                    slice_index=self._slice_index,
                     reward_functions=reward_functions if reward_functions is not None else current_reward_functions(),
                     normalization=normalization,
                 )
@@ -564,7 +553,7 @@ class Monitor:
             "arrives), and configure that process with ADVMON_* variables (docs/integrations.md, Ray)"
         )
 
-    # ------------------------------------------------------------------ hooks' side
+    # ------------------------------------------------------------------ hooks.Recorder: what watched calls use
 
     def start_call(
         self, estimator: str, inputs: dict[str, Any] | None, owner: Any, names: ArgumentNames
@@ -588,13 +577,10 @@ class Monitor:
                     mask=call.inputs.get("mask"),
                     groups=call.inputs.get("groups"),
                     group_size=names.group_size,
-                    reward_range=self.reward_range,
                     problems=call.problems,
+                    settings=self._observing(),
                     rewards_expected=names.rewards is not None,
-                    exemplars=self.exemplars,
-                    bound_factor=self._bound_factor,
                     slices=call.inputs.get("slices"),
-                    slice_index=self._slice_index,
                     reward_functions=call.inputs.get("reward_functions"),
                     normalization=_declared(names, call),
                 )
@@ -629,14 +615,13 @@ class Monitor:
             call.seen,
             advantages=advantages,
             taps=call.taps,
-            reward_range=self.reward_range,
             problems=call.problems,
         )
         parts.estimator_metrics = _numeric_metrics(estimator_metrics_of(result, call.owner), call.problems)
         call.problems.extend(unmapped_inputs(call, advantages))
         return parts
 
-    def _record_tap(self, call: ActiveCall, stage: str, tensor: Any, mask: Any) -> None:
+    def record_tap(self, call: ActiveCall, stage: str, tensor: Any, mask: Any) -> None:
         """Statistics of a tapped tensor, taken now (the estimator may change it next)."""
         try:
             if not isinstance(stage, str) or not stage.replace("_", "").isalnum():
@@ -649,6 +634,10 @@ class Monitor:
             call.problems.append(error.problem)
         except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the estimator's
             call.problems.append(_internal_problem(exc))
+
+    def _observing(self) -> ObserveSettings:
+        """What every call's observation asks of it, watched or observed: one object, built in one place."""
+        return ObserveSettings(self.reward_range, self.exemplars, self._bound_factor, self._slice_index)
 
     # ------------------------------------------------------------------ records
 
@@ -901,14 +890,6 @@ def _required_tensor(value: Any, name: str) -> torch.Tensor:
 def _matching_mask(call: ActiveCall, values: torch.Tensor) -> torch.Tensor | None:
     mask = call.seen.mask if call.seen is not None else None
     return mask if mask is not None and tuple(mask.shape) == tuple(values.shape) else None
-
-
-def _argument_names(names: dict[str, Any]) -> ArgumentNames:
-    unknown = set(names) - set(ARGUMENT_NAME_OPTIONS)
-    if unknown:
-        raise AdvmonConfigError(f"unknown argument name option(s) {sorted(unknown)}; expected "
-                                f"{', '.join(f'{option}=' for option in ARGUMENT_NAME_OPTIONS)}")
-    return ArgumentNames(**names)
 
 
 def _internal_problem(exc: BaseException) -> Problem:

@@ -70,6 +70,7 @@ __all__ = [
     "finish_on_host",
     "lost_on_host",
     "InputObservation",
+    "ObserveSettings",
     "observe_call",
     "observe_inputs",
     "observe_output",
@@ -153,6 +154,25 @@ class HostWork:
     rows_of_post_norm: str | None = None
     #: An expand view's width, where its rows' values cross without a mask (each counts at every position).
     row_width: int | None = None
+
+
+@dataclass(frozen=True)
+class ObserveSettings:
+    """What a monitor asks of every call it observes, the same for all of them: one object, passed as one.
+
+    ``reward_range`` bounds the reward (all-fail and all-pass groups); ``exemplars`` is how many
+    worst groups a call keeps and ``bound_factor`` the multiple of its bound that makes a group
+    "beyond" it; ``slice_index`` numbers the run's slice labels (``None``: no slices).
+    """
+
+    reward_range: tuple[float, float] | None = None
+    exemplars: int = 0
+    bound_factor: float = math.inf
+    slice_index: SliceIndex | None = None
+
+
+#: No reward range, no exemplars, no slices: what an observation asks when its caller says nothing.
+NO_SETTINGS = ObserveSettings()
 
 
 @dataclass(frozen=True)
@@ -348,9 +368,9 @@ class InputObservation:
     groups: Any = None
     row_keys: RowKeys | None = None  #: prompt rows' hashes, taken by the grouping: the exemplars' keys
     group_size: int | None = None
-    #: Exemplars wanted per call, and the multiple of its bound that makes a group "beyond" it.
-    exemplars: int = 0
-    bound_factor: float = math.inf
+    #: The monitor's settings: exemplars wanted per call, the multiple of its bound that makes a group "beyond"
+    #: it, the reward range (on the host: its :class:`HostWork`'s, without the run's live slice index).
+    settings: ObserveSettings = NO_SETTINGS
     segments: HostSegments | None = None
     row_counts: torch.Tensor | None = None  #: the mask's, once an expand view needed them
     #: Each sample's slice slot (the host half's).
@@ -370,13 +390,10 @@ def observe_inputs(
     mask: Any,
     groups: Any,
     group_size: int | None,
-    reward_range: tuple[float, float] | None,
     problems: list[Problem],
+    settings: ObserveSettings = NO_SETTINGS,
     rewards_expected: bool = True,
-    exemplars: int = 0,
-    bound_factor: float = math.inf,
     slices: Any = None,
-    slice_index: SliceIndex | None = None,
     reward_functions: Mapping[str, Any] | None = None,
     normalization: str | None = None,
 ) -> InputObservation:
@@ -384,16 +401,16 @@ def observe_inputs(
 
     Missing rewards are a problem for a watched estimator (its rewards argument
     was not found or was None), not for ``rewards_expected=False`` observations.
-    With ``exemplars`` > 0 the groups' reward values are kept for
-    :func:`observe_output`'s worst groups; with ``slices`` (one label per
-    sample) and a run's ``slice_index``, for its per-slice sums too.
+    ``settings`` are the monitor's (:class:`ObserveSettings`). With its ``exemplars``
+    > 0 the groups' reward values are kept for :func:`observe_output`'s worst groups;
+    with ``slices`` (one label per sample) and its ``slice_index``, for the per-slice sums too.
     ``reward_functions`` maps each reward function's (or component's) name to its
     per-sample rewards: stages ``rewards/<name>`` with the rewards' statistics.
     ``normalization`` is the kind the estimator declared (``None``: inferred from
     the data); with groups, each call's groups are compared with its bound.
     """
     seen = InputObservation(CallParts(estimator=estimator, normalization=normalization), groups=groups,
-                            group_size=group_size, exemplars=exemplars, bound_factor=bound_factor)
+                            group_size=group_size, settings=settings)
     seen.mask = _attempt(problems, lambda: as_tensor(mask, "mask"))
     seen.mask_unusable = mask is not None and seen.mask is None  # said already: no statistic from it
     functions: list[tuple[str, torch.Tensor]] = []  #: each reward function's stage and values
@@ -403,8 +420,8 @@ def observe_inputs(
             functions.append((f"rewards/{slice_name(name)}", function.reshape(-1)))
     if rewards is not None or rewards_expected:
         seen.rewards = _attempt(problems, lambda: _rewards(rewards, seen.mask))
-    if slices is not None and slice_index is not None:
-        seen.pending_slices = (slices, slice_index)
+    if slices is not None and settings.slice_index is not None:
+        seen.pending_slices = (slices, settings.slice_index)
     parts = seen.parts
     # The host half makes [B]-sized exact parts from the float64 copies that cross for it (rewards, reward
     # functions, with rewards): an empty stage is one :func:`finish_on_host` fills. Larger ones are sketched here.
@@ -417,7 +434,7 @@ def observe_inputs(
     # Every consumer on the host (group values, worst groups, slices) works in float64: converted once here,
     # into a copy of its own (the caller may change its tensors once the call returned).
     seen.rewards = seen.rewards.to(torch.float64, copy=True)
-    _defer_to_host(seen, seen.rewards.shape[0], reward_range, problems, functions)
+    _defer_to_host(seen, seen.rewards.shape[0], problems, functions)
     return seen
 
 
@@ -434,15 +451,15 @@ def _groups_and_pre_norm(seen: InputObservation, reward_range: tuple[float, floa
     return pre_norm
 
 
-def _defer_to_host(seen: InputObservation, batch: int, reward_range: tuple[float, float] | None,
-                   problems: list[Problem], functions: list[tuple[str, torch.Tensor]]) -> None:
+def _defer_to_host(seen: InputObservation, batch: int, problems: list[Problem],
+                   functions: list[tuple[str, torch.Tensor]]) -> None:
     """:func:`observe_inputs`' share of the host half: the ``[B]`` vectors it finishes the call from
     (:class:`HostWork`), on every path (on the CPU the transfer is a copy of them).
 
     The derived pre_norm keeps its place among the stages, empty until :func:`finish_on_host` fills it.
     """
     parts = seen.parts
-    work = parts.host_work = _host_work(seen, batch, reward_range)
+    work = parts.host_work = _host_work(seen, batch)
     work.vectors["rewards"] = seen.rewards
     for index, (stage, values) in enumerate(functions):  # a copy: the estimator may change its inputs in place
         work.functions.append((stage, f"function {index}"))
@@ -454,9 +471,10 @@ def _defer_to_host(seen: InputObservation, batch: int, reward_range: tuple[float
     parts.pre_norm_source = "derived"
 
 
-def _host_work(seen: InputObservation, batch: int, reward_range: tuple[float, float] | None) -> HostWork:
-    return HostWork(batch, reward_range, groups=_own_copy(seen.groups), group_size=seen.group_size,
-                    exemplars=seen.exemplars, bound_factor=seen.bound_factor)
+def _host_work(seen: InputObservation, batch: int) -> HostWork:
+    settings = seen.settings
+    return HostWork(batch, settings.reward_range, groups=_own_copy(seen.groups), group_size=seen.group_size,
+                    exemplars=settings.exemplars, bound_factor=settings.bound_factor)
 
 
 def _own_copy(groups: Any) -> Any:
@@ -547,7 +565,6 @@ def observe_output(
     *,
     advantages: Any,
     taps: Mapping[str, list[Part]],
-    reward_range: tuple[float, float] | None,
     problems: list[Problem],
 ) -> CallParts:
     """Complete an :class:`InputObservation` with what the estimator returned and tapped."""
@@ -569,7 +586,7 @@ def observe_output(
     batch = _batch_size(seen.rewards, advantages_t, problems)
     if parts.host_work is None and batch is not None and advantages_t is not None:
         # Without rewards, groups can still be counted (and slices summed) from the advantages' batch.
-        parts.host_work = _host_work(seen, batch, reward_range)
+        parts.host_work = _host_work(seen, batch)
         _attempt(problems, lambda: _plan_grouping(seen, parts.host_work, advantages_t.device))
     if parts.host_work is not None:
         made = parts.stages.get("post_norm") if post_made else None
@@ -579,41 +596,15 @@ def observe_output(
 
 def observe_call(
     *,
-    estimator: str,
-    rewards: Any,
     advantages: Any,
-    mask: Any,
-    groups: Any,
-    group_size: int | None,
     taps: Mapping[str, list[Part]],
-    reward_range: tuple[float, float] | None,
     problems: list[Problem],
-    rewards_expected: bool = True,
-    exemplars: int = 0,
-    bound_factor: float = math.inf,
-    slices: Any = None,
-    slice_index: SliceIndex | None = None,
-    reward_functions: Mapping[str, Any] | None = None,
-    normalization: str | None = None,
+    **inputs: Any,
 ) -> CallParts:
-    """Observe one call at once (inputs and output); see :func:`observe_inputs`."""
-    seen = observe_inputs(
-        estimator=estimator,
-        rewards=rewards,
-        mask=mask,
-        groups=groups,
-        group_size=group_size,
-        reward_range=reward_range,
-        problems=problems,
-        rewards_expected=rewards_expected,
-        exemplars=exemplars,
-        bound_factor=bound_factor,
-        slices=slices,
-        slice_index=slice_index,
-        reward_functions=reward_functions,
-        normalization=normalization,
-    )
-    return observe_output(seen, advantages=advantages, taps=taps, reward_range=reward_range, problems=problems)
+    """Observe one call at once: its ``inputs`` as :func:`observe_inputs` takes them (``settings`` included),
+    then what it returned and tapped, as :func:`observe_output` does."""
+    seen = observe_inputs(problems=problems, **inputs)
+    return observe_output(seen, advantages=advantages, taps=taps, problems=problems)
 
 
 def _wanted_extremes(seen: InputObservation, advantages: torch.Tensor) -> RowExtremes | None:
@@ -707,8 +698,8 @@ def finish_on_host(parts: CallParts, vectors: Mapping[str, np.ndarray], stages: 
     """
     work = parts.host_work
     done = CallParts(estimator=parts.estimator, normalization=parts.normalization)
-    seen = InputObservation(done, groups=work.groups, group_size=work.group_size, exemplars=work.exemplars,
-                            bound_factor=work.bound_factor)
+    settings = ObserveSettings(work.reward_range, work.exemplars, work.bound_factor)  # the slices: work.slices
+    seen = InputObservation(done, groups=work.groups, group_size=work.group_size, settings=settings)
     with statistics_path("cpu"):  # host data, whichever path the call's device took
         rewards = vectors.get("rewards")
         seen.rewards = None if rewards is None else torch.from_numpy(rewards)
@@ -804,7 +795,7 @@ def _group_views(seen: InputObservation, rows: RowSummary | None) -> None:
     if seen.segments is not None:
         peaks = None if rows is None else group_peaks(seen.segments, rows.peak(), rows.nonfinite)
         evidence, ratios = call_bounds(seen.segments, peaks, seen.rewards, parts.normalization)
-        if seen.exemplars > 0:
+        if seen.settings.exemplars > 0:
             named: list[GroupKeys] = []
 
             def key_column(first: torch.Tensor) -> torch.Tensor:
@@ -812,7 +803,7 @@ def _group_views(seen: InputObservation, rows: RowSummary | None) -> None:
                 named.append(keys)
                 return column
 
-            exemplars = worst_groups(seen.segments, peaks, ratios, k=seen.exemplars, bound_factor=seen.bound_factor,
+            exemplars = worst_groups(seen.segments, peaks, ratios, k=seen.settings.exemplars, bound_factor=seen.settings.bound_factor,
                                      key_column=key_column)
             keys = named[0]
     if seen.slice_slots is not None:

@@ -119,7 +119,7 @@ def host_share(repeats: int) -> list[str]:
     prompts, rewards, mask = grpo_inputs(512, 8, 2048)
     expand = rewards.unsqueeze(-1).expand(mask.shape)
     parts = observe_call(estimator="bench", rewards=rewards, advantages=expand, mask=mask, groups=prompts,
-                         group_size=None, taps={}, reward_range=None, problems=[])
+                         group_size=None, taps={}, problems=[])
     step = assembly.collect([parts])
     small = grpo_inputs(8, 8, 4)
     monitor = advmon.Monitor("host-share", sinks=[])

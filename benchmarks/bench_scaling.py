@@ -24,7 +24,7 @@ import torch
 from bench_stats import advmon_stats
 from bench_stats import median_seconds as _median_seconds
 
-from advmon.observation import observe_inputs
+from advmon.observation import ObserveSettings, observe_inputs
 from advmon.stats import statistics_threads
 
 T = 2048
@@ -75,7 +75,7 @@ def group_scaling(repeats: int) -> list[str]:
         def observe() -> object:
             with statistics_threads():
                 return observe_inputs(estimator="bench", rewards=rewards, mask=None, groups=prompt_ids,
-                                      group_size=None, reward_range=(0.0, 1.0), problems=[])
+                                      group_size=None, settings=ObserveSettings(reward_range=(0.0, 1.0)), problems=[])
 
         elapsed = median_seconds(observe, repeats)
         lines.append(f"  {groups:6d} {elapsed * 1e3:7.2f}ms {elapsed / groups * 1e6:9.3f}")
