@@ -17,18 +17,35 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar, overload
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from advmon.errors import AdvmonConfigError, AdvmonError, AdvmonWarning
-from advmon.hooks import ArgumentNames, scored_by, sliced_by, tap, watch
-from advmon.hooks import checked_argument_names as _argument_names
-from advmon.hooks import instrument as _instrument
-from advmon.hooks import watch_with as _watch_with
-from advmon.monitor import Monitor, get_monitor, set_monitor
-from advmon.normalization import KINDS as NORMALIZATION_KINDS
-from advmon.normalization import Normalization
-from advmon.record import Record
-from advmon.sinks import JsonlSink, Sink, read_jsonl
+
+# The names below load on first use (``__getattr__`` at the end of this file): they import torch,
+# and ``import advmon`` must not, so that the alert and dashboard generators, the catalog
+# (advmon.rules) and the CLI start without it. Type checkers read them from here.
+if TYPE_CHECKING:
+    from advmon.hooks import ArgumentNames, scored_by, sliced_by, tap, watch
+    from advmon.monitor import Monitor, get_monitor, set_monitor
+    from advmon.normalization import KINDS as NORMALIZATION_KINDS
+    from advmon.normalization import Normalization
+    from advmon.record import Record
+    from advmon.sinks import JsonlSink, Sink, read_jsonl
+
+
+def _instrument(target: Any, monitor: Monitor | None, method: str, names: ArgumentNames) -> Any:
+    """:func:`advmon.hooks.instrument`, imported when first called."""
+    from advmon.hooks import instrument
+
+    return instrument(target, monitor, method, names)
+
+
+def _argument_names(argument_names: dict[str, Any]) -> ArgumentNames:
+    """:func:`advmon.hooks.checked_argument_names`, imported when first called."""
+    from advmon.hooks import checked_argument_names
+
+    return checked_argument_names(argument_names)
 
 __all__ = [
     "AdvmonConfigError",
@@ -88,3 +105,37 @@ def flush(timeout: float | None = None) -> None:
     import advmon.lifecycle as lifecycle
 
     lifecycle.flush_all(timeout)
+
+
+#: The public names that load on first use, and where each comes from (module, name there).
+_LAZY: dict[str, tuple[str, str]] = {
+    "ArgumentNames": ("advmon.hooks", "ArgumentNames"),
+    "scored_by": ("advmon.hooks", "scored_by"),
+    "sliced_by": ("advmon.hooks", "sliced_by"),
+    "tap": ("advmon.hooks", "tap"),
+    "watch": ("advmon.hooks", "watch"),
+    "Monitor": ("advmon.monitor", "Monitor"),
+    "get_monitor": ("advmon.monitor", "get_monitor"),
+    "set_monitor": ("advmon.monitor", "set_monitor"),
+    "NORMALIZATION_KINDS": ("advmon.normalization", "KINDS"),
+    "Normalization": ("advmon.normalization", "Normalization"),
+    "Record": ("advmon.record", "Record"),
+    "JsonlSink": ("advmon.sinks", "JsonlSink"),
+    "Sink": ("advmon.sinks", "Sink"),
+    "read_jsonl": ("advmon.sinks", "read_jsonl"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name of ``_LAZY`` on first use (PEP 562), and keep it, so the next use is a plain lookup."""
+    try:
+        module, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
