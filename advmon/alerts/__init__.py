@@ -16,9 +16,9 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from advmon.alerts.alertmanager import AlertmanagerSettings, alertmanager_config
-from advmon.alerts.sink import AlertSink
 from advmon.alerts.prometheus_rules import (
     GENERATED_HEADER,
     RULES_FILE,
@@ -28,6 +28,9 @@ from advmon.alerts.prometheus_rules import (
     prometheus_rules,
     promtool_tests,
 )
+
+if TYPE_CHECKING:
+    from advmon.alerts.sink import AlertSink
 
 __all__ = ["AlertSettings", "AlertSink", "AlertmanagerSettings", "generate", "generated_files"]
 
@@ -55,3 +58,16 @@ def generate(out: Path, settings: AlertSettings | None = None, routing: Alertman
         path.write_text(text)
         written.append(path)
     return written
+
+
+def __getattr__(name: str) -> Any:
+    """``AlertSink`` loads on first use: it is a sink (advmon.sinks imports torch), and the generator must not."""
+    if name == "AlertSink":
+        from advmon.alerts.sink import AlertSink
+
+        return AlertSink
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"AlertSink"})

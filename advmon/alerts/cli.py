@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from typing import TYPE_CHECKING
 
 from advmon.alerts import generate as write_files
 from advmon.alerts.alertmanager import AlertmanagerSettings
@@ -12,7 +13,9 @@ from advmon.alerts.evaluator import Occurrence, evaluate_records
 from advmon.alerts.prometheus_rules import AlertSettings
 from advmon.errors import AdvmonConfigError
 from advmon.rules import Thresholds, parse_duration
-from advmon.runs import Run
+
+if TYPE_CHECKING:
+    from advmon.runs import Run  # advmon.runs imports torch: ``alerts generate`` does not need it
 
 __all__ = ["check", "format_occurrences", "generate"]
 
