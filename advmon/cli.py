@@ -31,10 +31,9 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from advmon.errors import AdvmonError
-from advmon.runs import SOURCE_FORMS
-from advmon.config.specs import SPEC_FORMS
 
 __all__ = ["BAD_INPUT", "FINDING", "OK", "entry_point", "main"]
 
@@ -66,13 +65,51 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+#: Stand-ins, in help texts, for the forms of a RUN and of a sink SPEC. They are filled in when help is shown
+#: (:class:`_HelpFormatter`): the forms live in advmon.runs and advmon.config.specs, which import torch (through
+#: advmon.record), and parsing ``advmon alerts generate`` or ``advmon dashboards generate`` must not.
+_SOURCE_FORMS, _SPEC_FORMS = "{RUN sources}", "{sink SPECs}"
+
+
+def _with_forms(text: str) -> str:
+    """``text`` with the stand-ins replaced by the forms they stand for."""
+    if _SOURCE_FORMS in text:
+        from advmon.runs import SOURCE_FORMS
+
+        text = text.replace(_SOURCE_FORMS, SOURCE_FORMS)
+    if _SPEC_FORMS in text:
+        from advmon.config.specs import SPEC_FORMS
+
+        text = text.replace(_SPEC_FORMS, SPEC_FORMS)
+    return text
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, with the run and sink forms filled in (see ``_SOURCE_FORMS``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = super()._get_help_string(action)
+        return _with_forms(text) if text else text
+
+    def add_text(self, text: str | None) -> None:  # the description and the epilog
+        super().add_text(_with_forms(text) if text else text)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help is :class:`_HelpFormatter`'s; its subcommands' parsers are ``_Parser`` too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def _parser() -> argparse.ArgumentParser:
     from advmon import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="advmon", description="Advantage monitoring for RL training of LLMs.",
         epilog="Exit codes: 0 all is well, 1 a finding (a critical alert fired, runs diverge, records not "
-               "delivered), 2 input advmon cannot use. RUN sources: " + SOURCE_FORMS + ".",
+               "delivered), 2 input advmon cannot use. RUN sources: " + _SOURCE_FORMS + ".",
     )
     parser.add_argument("--version", action="version", version=f"advmon {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -92,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("file", type=Path, help="a JSONL file written by advmon")
     replay.add_argument(
         "--to", dest="specs", action="append", required=True, metavar="SPEC",
-        help="sink spec, repeatable: " + SPEC_FORMS,
+        help="sink spec, repeatable: " + _SPEC_FORMS,
     )
     replay.add_argument("--since-step", type=_non_negative_int, default=0, help="only records from this step on")
     replay.add_argument("--retries", type=_non_negative_int, default=3, help="attempts per record after the first")
@@ -102,8 +139,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-RUN_HELP = "one run: " + SOURCE_FORMS
-RUNS_HELP = "runs: " + SOURCE_FORMS + ", or a directory of JSONL files (every run in it)"
+RUN_HELP = "one run: " + _SOURCE_FORMS
+RUNS_HELP = "runs: " + _SOURCE_FORMS + ", or a directory of JSONL files (every run in it)"
 
 
 def _add_run_commands(commands: argparse._SubParsersAction) -> None:
