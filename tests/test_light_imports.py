@@ -123,6 +123,7 @@ def test_public_names_resolve_on_first_use():
             "Monitor": advmon.monitor.Monitor, "get_monitor": advmon.monitor.get_monitor,
             "set_monitor": advmon.monitor.set_monitor, "ArgumentNames": advmon.hooks.ArgumentNames,
             "tap": advmon.hooks.tap, "sliced_by": advmon.hooks.sliced_by, "scored_by": advmon.hooks.scored_by,
+            "watch": advmon.hooks.watch,
             "NORMALIZATION_KINDS": advmon.normalization.KINDS, "Normalization": advmon.normalization.Normalization,
             "Record": advmon.record.Record, "JsonlSink": advmon.sinks.JsonlSink, "Sink": advmon.sinks.Sink,
             "read_jsonl": advmon.sinks.read_jsonl,
@@ -151,7 +152,8 @@ def test_public_names_resolve_on_first_use():
 
 
 def test_watch_and_instrument_work_from_a_fresh_import():
-    """``watch`` and ``instrument`` are defined in advmon/__init__.py: what they use loads when they are called."""
+    """``advmon.watch`` loads on first use, and ``advmon.instrument`` (defined in advmon/__init__.py) loads what it
+    calls when it is called."""
     loaded = _run("""
         import json
         import advmon
