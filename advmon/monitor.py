@@ -144,6 +144,13 @@ class Monitor:
             :attr:`should_stop` turns true; the loop reads it (TRL's trainer:
             :class:`~advmon.integrations.trl.MonitoredGRPOTrainer` does). advmon itself
             never stops or raises into training.
+        finish_on_caller: finish each record, and write its JSONL line, on the calling
+            thread before the watched call (or the step) returns, instead of on the
+            monitor's own thread. For processes that can end without running any exit
+            handler: a Ray worker is ended that way when its driver shuts down, so
+            :func:`advmon.integrations.ray.runtime_env` turns it on for workers
+            (``ADVMON_FINISH_ON_CALLER=1``). It costs the caller the host half's share
+            of each record (docs/performance.md).
 
     Example:
         >>> import torch, tempfile, os
@@ -182,6 +189,7 @@ class Monitor:
         runbook_base: str = "",
         dashboard_url: str = "",
         stop_on: StopOn = None,
+        finish_on_caller: bool = False,
     ) -> None:
         if step_source is not None and not callable(step_source):
             raise AdvmonConfigError(f"step_source must be a callable returning the training step, got {step_source!r}")
@@ -220,7 +228,9 @@ class Monitor:
         self._delivery = Delivery(self.sinks, self.run, policy, _weak_warner(self))
         # A record's host half runs on a thread of its own, unless a problem must raise where the call is
         # (strict) or every rank must take part in the step's gather on its training thread (reduce="ranks").
-        self._synchronous = self.strict or reduce == "ranks"
+        #: Whether each record is finished (and its JSONL line written) before the call that made it returns.
+        self.finish_on_caller = bool(finish_on_caller)
+        self._synchronous = self.strict or reduce == "ranks" or self.finish_on_caller
         self._host = HostHalf(self.run, _weak_loss_reporter(self))
         self._deferred_warnings: list[str] = []
         self._emit_lock = threading.RLock()

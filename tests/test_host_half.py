@@ -108,6 +108,29 @@ def test_a_cpu_calls_groups_exemplars_and_slices_are_made_on_the_host_half(group
     assert record.metrics["slices/a/rewards/count"] == 16.0
 
 
+@pytest.mark.parametrize("from_environment", [False, True])
+def test_finish_on_caller_writes_the_jsonl_line_before_the_call_returns(from_environment, tmp_path, monkeypatch):
+    """For processes that can end without exit handlers (Ray workers): no record waits on the monitor's thread."""
+    from advmon.config.environment import monitor_settings
+
+    path = tmp_path / "caller.jsonl"
+    gated = GatedSink()
+    gated.gate.set()
+    if from_environment:
+        monkeypatch.setenv("ADVMON_FINISH_ON_CALLER", "1")
+        assert monitor_settings()["finish_on_caller"] is True
+    monitor = advmon.Monitor("caller", sinks=[advmon.JsonlSink(path), gated],
+                             finish_on_caller=monitor_settings()["finish_on_caller"] if from_environment else True)
+    for n in range(3):
+        monitor.observe(rewards=torch.arange(float(n + 2)), groups=[0] * (n + 2))
+        assert len(path.read_text().splitlines()) == n + 1  # no wait: written during the call
+    assert gated.threads == {threading.current_thread().name}
+    monitor.close()
+    monkeypatch.setenv("ADVMON_FINISH_ON_CALLER", "maybe")
+    with pytest.raises(advmon.AdvmonConfigError, match="ADVMON_FINISH_ON_CALLER"):
+        monitor_settings()
+
+
 def test_records_reach_the_sinks_in_step_order_whatever_each_costs():
     sink = ListSink()
     monitor = advmon.Monitor("order", sinks=[sink])

@@ -179,6 +179,9 @@ def test_runtime_env_merges_with_the_users_and_carries_instrumented_classes():
     assert "my_pkg.est:Estimator(rewards=scores)" in variables["ADVMON_INSTRUMENT"].split(";")
     assert "tests.remote_estimators:OtherGRPO" in variables["ADVMON_INSTRUMENT"].split(";")
     assert variables["ADVMON_SINKS"] == "ray-metrics"
+    # Ray may end a worker before its exit handlers are done: its records are finished before a call returns.
+    assert variables["ADVMON_FINISH_ON_CALLER"] == "1"
+    assert runtime_env(run="r", finish_on_caller=False)["env_vars"]["ADVMON_FINISH_ON_CALLER"] == "0"
     with pytest.raises(AdvmonConfigError):
         runtime_env(sinks=["nonsense:1"])
 

@@ -145,6 +145,7 @@ def monitor_settings(environ: Mapping[str, str] | None = None, run: str | None =
     settings["all_ranks"] = flag(environ, "ADVMON_ALL_RANKS")
     settings["per_process"] = flag(environ, "ADVMON_PER_PROCESS")
     settings["resume"] = flag(environ, "ADVMON_RESUME")
+    settings["finish_on_caller"] = flag(environ, "ADVMON_FINISH_ON_CALLER")
     settings["directory"] = Path(environ.get("ADVMON_DIR") or "advmon-runs")
     return settings
 

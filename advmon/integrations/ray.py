@@ -51,6 +51,7 @@ def runtime_env(
     verl: bool = False,
     carry_instrumented: bool = True,
     per_process: bool = True,
+    finish_on_caller: bool = True,
 ) -> dict[str, Any]:
     """A Ray ``runtime_env`` that activates advmon in every worker, merged into ``base``.
 
@@ -71,6 +72,11 @@ def runtime_env(
         verl: watch every verl estimator (:mod:`advmon.integrations.verl`).
         carry_instrumented: add the classes instrumented in this process.
         per_process: one JSONL file per worker process (``<run>.<host>-<pid>.jsonl``).
+        finish_on_caller: workers finish each record, and write its JSONL line, before
+            the watched call or step returns (``ADVMON_FINISH_ON_CALLER``). Ray ends a
+            worker without running its exit handlers when the driver shuts down, so a
+            record left to the monitor's own thread could be lost; ``False`` trades that
+            for the worker's time (docs/performance.md).
 
     Raises:
         AdvmonConfigError: a value the workers could not use (checked here, once,
@@ -92,6 +98,7 @@ def runtime_env(
         run = default.run if default is not None else default_run_id()
     variables["ADVMON_RUN"] = checked_run(run)
     variables["ADVMON_PER_PROCESS"] = "1" if per_process else "0"
+    variables["ADVMON_FINISH_ON_CALLER"] = "1" if finish_on_caller else "0"
     if targets:
         variables["ADVMON_INSTRUMENT"] = ";".join(t.spec for t in targets)
     if sinks:
