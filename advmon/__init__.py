@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+import advmon.lifecycle as _lifecycle
 from advmon.errors import AdvmonConfigError, AdvmonError, AdvmonWarning
 
 # The names below load on first use (``__getattr__`` at the end of this file): they import torch,
@@ -47,6 +48,20 @@ def _argument_names(argument_names: dict[str, Any]) -> ArgumentNames:
 
     return checked_argument_names(argument_names)
 
+
+def _process_wide_monitor(run: str | None) -> Monitor:
+    """:func:`advmon.monitor.monitor_from_environment`, imported when a watched call first needs the process-wide
+    monitor. Every ``import advmon.<anything>`` runs this file first, so a process that only imported the capture
+    layer (activation in a Ray worker) still gets its monitor; the lifecycle module cannot import the monitor,
+    which stands above it."""
+    from advmon.monitor import monitor_from_environment
+
+    return monitor_from_environment(run)
+
+
+_lifecycle.set_default_factory_if_unset(_process_wide_monitor)
+
+
 __all__ = [
     "AdvmonConfigError",
     "AdvmonError",
@@ -68,6 +83,7 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
 
 def instrument(
     target: Any,

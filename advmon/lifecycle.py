@@ -42,6 +42,7 @@ __all__ = [
     "register_run",
     "set_default",
     "set_default_factory",
+    "set_default_factory_if_unset",
     "track",
     "wait_all",
     "untrack",
@@ -147,6 +148,15 @@ def set_default_factory(factory: Callable[..., Any]) -> None:
     """
     global _default_factory
     _default_factory = factory
+
+
+def set_default_factory_if_unset(factory: Callable[..., Any]) -> None:
+    """:func:`set_default_factory`, unless one is set already (the package's face sets a stand-in that imports the
+    monitor on first use; the monitor module sets its own when imported)."""
+    global _default_factory
+    with _lock:
+        if _default_factory is None:
+            _default_factory = factory
 
 
 def default_monitor(run: str | None = None) -> Any:
