@@ -59,7 +59,7 @@ def _process_wide_monitor(run: str | None) -> Monitor:
     return monitor_from_environment(run)
 
 
-_lifecycle.set_default_factory_if_unset(_process_wide_monitor)
+_lifecycle.set_default_factory(_process_wide_monitor)
 
 
 __all__ = [
@@ -118,9 +118,7 @@ def flush(timeout: float | None = None) -> None:
     Call it before a process can be killed without warning (``ray.kill`` sends
     SIGKILL, which no handler sees). SIGTERM and a normal exit flush by themselves.
     """
-    import advmon.lifecycle as lifecycle
-
-    lifecycle.flush_all(timeout)
+    _lifecycle.flush_all(timeout)
 
 
 #: The public names that load on first use, and where each comes from (module, name there).

@@ -100,6 +100,12 @@ class ArgumentNames:
 #: The options :class:`ArgumentNames` takes, as ``watch``, ``instrument`` and ``ADVMON_INSTRUMENT`` name them.
 ARGUMENT_NAME_OPTIONS = tuple(option.name for option in fields(ArgumentNames))
 
+
+def _unknown_options(names: Mapping[str, Any]) -> list[str]:
+    """The keywords among ``names`` that are no :class:`ArgumentNames` option, in the order given."""
+    return [name for name in names if name not in ARGUMENT_NAME_OPTIONS]
+
+
 def checked_argument_names(options: Mapping[str, Any]) -> ArgumentNames:
     """:class:`ArgumentNames` from ``instrument``'s keywords; an unknown one is a configuration error.
 
@@ -110,7 +116,7 @@ def checked_argument_names(options: Mapping[str, Any]) -> ArgumentNames:
         Traceback (most recent call last):
         advmon.errors.AdvmonConfigError: unknown argument name option(s) ['reward']; expected rewards=, mask=, ...
     """
-    unknown = set(options) - set(ARGUMENT_NAME_OPTIONS)
+    unknown = _unknown_options(options)
     if unknown:
         raise AdvmonConfigError(f"unknown argument name option(s) {sorted(unknown)}; expected "
                                 f"{', '.join(f'{option}=' for option in ARGUMENT_NAME_OPTIONS)}")
@@ -150,9 +156,9 @@ def watch_names(caller: str, names: Mapping[str, Any]) -> ArgumentNames:
         Traceback (most recent call last):
         TypeError: watch() got an unexpected keyword argument 'reward'
     """
-    for name in names:
-        if name not in ARGUMENT_NAME_OPTIONS:
-            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    unknown = _unknown_options(names)
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
     return ArgumentNames(**names)
 
 

@@ -42,7 +42,6 @@ __all__ = [
     "register_run",
     "set_default",
     "set_default_factory",
-    "set_default_factory_if_unset",
     "track",
     "wait_all",
     "untrack",
@@ -141,22 +140,14 @@ def close_all_again_at_exit() -> None:
 
 
 def set_default_factory(factory: Callable[..., Any]) -> None:
-    """How :func:`default_monitor` makes the process-wide monitor (the monitor module sets it).
+    """How :func:`default_monitor` makes the process-wide monitor (the package's face sets it: every
+    ``import advmon.<anything>`` runs it first, and it imports the monitor only when the factory runs).
 
     ``factory(run)`` builds it; ``run`` is a hint (the run a wrapper that crossed
     processes came from), used when the environment names none.
     """
     global _default_factory
     _default_factory = factory
-
-
-def set_default_factory_if_unset(factory: Callable[..., Any]) -> None:
-    """:func:`set_default_factory`, unless one is set already (the package's face sets a stand-in that imports the
-    monitor on first use; the monitor module sets its own when imported)."""
-    global _default_factory
-    with _lock:
-        if _default_factory is None:
-            _default_factory = factory
 
 
 def default_monitor(run: str | None = None) -> Any:
@@ -169,7 +160,7 @@ def default_monitor(run: str | None = None) -> Any:
     with _lock:
         if _default is None or getattr(_default, "closed", False):
             if _default_factory is None:
-                raise RuntimeError("advmon.monitor is not imported: import advmon first")
+                raise RuntimeError("no process-wide monitor factory: advmon's package was not initialised")
             _default = _default_factory(run)
         return _default
 

@@ -33,10 +33,9 @@ from advmon.config.checks import (
     global_rank,
     make_alert_sink,
 )
-from advmon.sinks.delivery import Delivery
 from advmon.config.environment import jsonl_path, monitor_settings
+from advmon.config.specs import sinks_from_env, specs_from_env
 from advmon.errors import AdvmonConfigError, AdvmonError, closing_on_error, warn
-from advmon.host_half import HostHalf
 from advmon.hooks import (
     ActiveCall,
     ArgumentNames,
@@ -49,6 +48,8 @@ from advmon.hooks import (
     watch_with,
 )
 from advmon.hooks import instrument as _instrument
+from advmon.host_half import HostHalf
+from advmon.normalization import Normalization, checked_normalization, judge, resolve
 from advmon.observation import (
     CallParts,
     ObservationError,
@@ -62,12 +63,11 @@ from advmon.observation import (
     observe_output,
     tensor_part,
 )
-from advmon.normalization import Normalization, checked_normalization, judge, resolve
 from advmon.record import HISTOGRAM_STAGES, Record
 from advmon.rules import Thresholds
 from advmon.sinks.base import SinkLike
+from advmon.sinks.delivery import Delivery
 from advmon.sinks.jsonl import JsonlSink
-from advmon.config.specs import sinks_from_env, specs_from_env
 from advmon.stats import Part, SliceIndex, statistics_threads
 from advmon.steps import StepTracker
 
@@ -968,6 +968,3 @@ def monitor_from_environment(run: str | None = None) -> Monitor:
     # Specs, not sinks: a rank that does not record must not start a server.
     sinks: list[Any] = [JsonlSink(jsonl_path(directory, name, global_rank(), per_process)), *specs_from_env()]
     return Monitor(sinks=sinks, **settings)
-
-
-lifecycle.set_default_factory(monitor_from_environment)

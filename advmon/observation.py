@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -119,43 +119,6 @@ class CallParts:
     host_work: HostWork | None = None
 
 
-@dataclass
-class HostWork:
-    """A call's ``[B]``-sized work, done on the host, off the training thread (:func:`finish_on_host`).
-
-    ``vectors`` are what the call computed for it, ``[B]`` each, that travel in the
-    record's one transfer: ``rewards`` (a float64 copy), ``function <i>`` (each reward
-    function's, a float64 copy), ``groups`` (the groups'
-    :func:`~advmon.stats.groups.device_group_vector`) and the advantages' row summaries
-    (dense rows: ``abs_max``, ``nonfinite``, and ``total`` and ``count`` for slices; one
-    value a row: ``row values`` and an expand view's ``row weights``, unless the
-    post_norm part holds them). The rest is host data taken during the call.
-    """
-
-    batch: int
-    reward_range: tuple[float, float] | None
-    vectors: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: Each reward function's stage and the name of its values among ``vectors``.
-    functions: list[tuple[str, str]] = field(default_factory=list)
-    #: Groups numbered during the call (blocks of ``group_size``, CPU prompt rows); ``None``: see ``shipped``.
-    grouping: Grouping | None = None
-    #: Of the ``groups`` vector, if one travels: (made of prompt rows, of integer ids).
-    shipped: tuple[bool, bool] | None = None
-    #: The groups are a sequence of items (verl's uids), numbered on the host from ``groups``.
-    items: bool = False
-    groups: Any = None  #: the caller's groups (a sequence of items names its exemplars)
-    group_size: int | None = None
-    exemplars: int = 0
-    bound_factor: float = math.inf
-    sample_slices: np.ndarray | None = None
-    slices: SliceSnapshot | None = None
-    #: The row summaries come from the post_norm stage's exact part: ``"values"`` (one value a sample) or
-    #: ``"weighted"`` (an expand view's rows, weighted by their valid counts); ``None``: from ``vectors``.
-    rows_of_post_norm: str | None = None
-    #: An expand view's width, where its rows' values cross without a mask (each counts at every position).
-    row_width: int | None = None
-
-
 @dataclass(frozen=True)
 class ObserveSettings:
     """What a monitor asks of every call it observes, the same for all of them: one object, passed as one.
@@ -173,6 +136,43 @@ class ObserveSettings:
 
 #: No reward range, no exemplars, no slices: what an observation asks when its caller says nothing.
 NO_SETTINGS = ObserveSettings()
+
+
+@dataclass
+class HostWork:
+    """A call's ``[B]``-sized work, done on the host, off the training thread (:func:`finish_on_host`).
+
+    ``vectors`` are what the call computed for it, ``[B]`` each, that travel in the
+    record's one transfer: ``rewards`` (a float64 copy), ``function <i>`` (each reward
+    function's, a float64 copy), ``groups`` (the groups'
+    :func:`~advmon.stats.groups.device_group_vector`) and the advantages' row summaries
+    (dense rows: ``abs_max``, ``nonfinite``, and ``total`` and ``count`` for slices; one
+    value a row: ``row values`` and an expand view's ``row weights``, unless the
+    post_norm part holds them). The rest is host data taken during the call.
+    """
+
+    batch: int
+    #: The monitor's settings as the call saw them, without the run's live slice index (see ``slices``).
+    settings: ObserveSettings
+    vectors: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: Each reward function's stage and the name of its values among ``vectors``.
+    functions: list[tuple[str, str]] = field(default_factory=list)
+    #: Groups numbered during the call (blocks of ``group_size``, CPU prompt rows); ``None``: see ``shipped``.
+    grouping: Grouping | None = None
+    #: Of the ``groups`` vector, if one travels: (made of prompt rows, of integer ids).
+    shipped: tuple[bool, bool] | None = None
+    #: The groups are a sequence of items (verl's uids), numbered on the host from ``groups``.
+    items: bool = False
+    groups: Any = None  #: the caller's groups (a sequence of items names its exemplars)
+    group_size: int | None = None
+    sample_slices: np.ndarray | None = None
+    slices: SliceSnapshot | None = None
+    #: The row summaries come from the post_norm stage's exact part: ``"values"`` (one value a sample) or
+    #: ``"weighted"`` (an expand view's rows, weighted by their valid counts); ``None``: from ``vectors``.
+    rows_of_post_norm: str | None = None
+    #: An expand view's width, where its rows' values cross without a mask (each counts at every position).
+    row_width: int | None = None
+
 
 
 @dataclass(frozen=True)
@@ -438,16 +438,15 @@ def observe_inputs(
     return seen
 
 
-def _groups_and_pre_norm(seen: InputObservation, reward_range: tuple[float, float] | None, problems: list[Problem],
-                         rising: bool) -> torch.Tensor:
+def _groups_and_pre_norm(seen: InputObservation, problems: list[Problem], rising: bool) -> torch.Tensor:
     """The call's group values (for the drill-down) and counts, and its derived pre_norm: host data, NumPy."""
     if seen.group_ids is not None:  # the groups' values serve their bounds, the exemplars and the slices
         try:
             seen.segments = reward_segments(seen.rewards, seen.group_ids, seen.function_nonfinite, rising=rising)
         except Exception as exc:  # noqa: BLE001 - the record's statistics must not be lost with them
             problems.append(Problem("drilldown", f"worst groups and slices skipped: {type(exc).__name__}: {exc}"))
-    seen.parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, reward_range, _shared_groups(seen),
-                                                   rising=rising)
+    seen.parts.groups, pre_norm = group_statistics(seen.rewards, seen.group_ids, seen.settings.reward_range,
+                                                   _shared_groups(seen), rising=rising)
     return pre_norm
 
 
@@ -472,9 +471,9 @@ def _defer_to_host(seen: InputObservation, batch: int, problems: list[Problem],
 
 
 def _host_work(seen: InputObservation, batch: int) -> HostWork:
-    settings = seen.settings
-    return HostWork(batch, settings.reward_range, groups=_own_copy(seen.groups), group_size=seen.group_size,
-                    exemplars=settings.exemplars, bound_factor=settings.bound_factor)
+    # The run's slice index stays on the training thread: the host half gets this call's snapshot of it.
+    return HostWork(batch, replace(seen.settings, slice_index=None), groups=_own_copy(seen.groups),
+                    group_size=seen.group_size)
 
 
 def _own_copy(groups: Any) -> Any:
@@ -552,12 +551,9 @@ def _slice_slots(seen: InputObservation, batch: int) -> None:
                                          f"{type(labels).__name__}; slices skipped")
     if len(labels) != batch:
         raise ObservationError("slices", f"{len(labels)} slice labels for {batch} samples; slices skipped")
-    ids = index.ids(labels)
-    seen.slice_index = index
-    seen.sample_slices = ids
-    if seen.parts.host_work is not None:
-        seen.parts.host_work.sample_slices = ids
-        seen.parts.host_work.slices = SliceSnapshot(index.slots, tuple(index.slot_names()))
+    work = seen.parts.host_work
+    work.sample_slices = index.ids(labels)
+    work.slices = SliceSnapshot(index.slots, tuple(index.slot_names()))
 
 
 def observe_output(
@@ -609,19 +605,27 @@ def observe_call(
 
 def _wanted_extremes(seen: InputObservation, advantages: torch.Tensor) -> RowExtremes | None:
     """Row extremes for the drill-down, taken by the CPU sketch's own pass over dense advantages."""
-    work = seen.parts.host_work
-    slices = seen.pending_slices is not None or (work is not None and work.sample_slices is not None)
-    grouped = work is not None and seen.rewards is not None and _numbered(work)
     dense = advantages.dim() == 2 and advantages.shape[1] > 1 and advantages.stride(1) != 0
-    if not (grouped or slices) or not dense or sync_free(advantages) \
+    if not _rows_wanted(seen) or not dense or sync_free(advantages) \
             or advantages.dtype not in (torch.float32, torch.float64):
         return None
-    return RowExtremes(advantages.shape[0], advantages.dtype, sums=slices)
+    return RowExtremes(advantages.shape[0], advantages.dtype, sums=_sliced(seen))
 
 
-def _numbered(work: HostWork) -> bool:
-    """Whether the host half will find the call's groups (numbered now, or from what crosses)."""
-    return work.grouping is not None or work.shipped is not None or work.items
+def _rows_wanted(seen: InputObservation) -> bool:
+    """Whether the host half needs the advantages' row summaries: groups with rewards (bounds, worst groups),
+    or slices."""
+    work = seen.parts.host_work
+    if work is None:
+        return seen.pending_slices is not None  # no rewards: the host work comes with the advantages' batch
+    numbered = work.grouping is not None or work.shipped is not None or work.items
+    return (numbered and seen.rewards is not None) or _sliced(seen)
+
+
+def _sliced(seen: InputObservation) -> bool:
+    """Whether the call has slice labels (numbered, or waiting for the advantages' batch)."""
+    work = seen.parts.host_work
+    return seen.pending_slices is not None or (work is not None and work.sample_slices is not None)
 
 
 def _expand_row_counts(seen: InputObservation, advantages: torch.Tensor) -> torch.Tensor | None:
@@ -647,10 +651,9 @@ def _defer_outputs_to_host(seen: InputObservation, work: HostWork, advantages: t
     """
     if seen.pending_slices is not None and advantages is not None:
         _attempt(problems, lambda: _slice_slots(seen, work.batch))
-    grouped = _numbered(work)
     if advantages is None or work.batch == 0:
         return  # an empty batch is its own problem (empty_batch): no rows to summarise
-    if not ((grouped and seen.rewards is not None) or work.sample_slices is not None):
+    if not _rows_wanted(seen):
         return
     per_sequence = advantages.dim() == 1 or (advantages.dim() == 2 and advantages.shape[1] == 1)
     one_value_a_row = per_sequence or (advantages.dim() == 2 and advantages.stride(1) == 0)
@@ -698,8 +701,7 @@ def finish_on_host(parts: CallParts, vectors: Mapping[str, np.ndarray], stages: 
     """
     work = parts.host_work
     done = CallParts(estimator=parts.estimator, normalization=parts.normalization)
-    settings = ObserveSettings(work.reward_range, work.exemplars, work.bound_factor)  # the slices: work.slices
-    seen = InputObservation(done, groups=work.groups, group_size=work.group_size, settings=settings)
+    seen = InputObservation(done, groups=work.groups, group_size=work.group_size, settings=work.settings)
     with statistics_path("cpu"):  # host data, whichever path the call's device took
         rewards = vectors.get("rewards")
         seen.rewards = None if rewards is None else torch.from_numpy(rewards)
@@ -735,9 +737,9 @@ def _finish_groups(seen: InputObservation, work: HostWork, vectors: Mapping[str,
         seen.sample_slices, seen.slice_index = work.sample_slices, work.slices
         seen.slice_slots = torch.from_numpy(work.sample_slices)
     if seen.rewards is None:
-        done.groups = group_counts(None, seen.group_ids, work.reward_range)
+        done.groups = group_counts(None, seen.group_ids, work.settings.reward_range)
     else:
-        pre_norm = _groups_and_pre_norm(seen, work.reward_range, problems, rising)
+        pre_norm = _groups_and_pre_norm(seen, problems, rising)
         if not stages.get("pre_norm"):  # derived here (a tap's would have replaced it)
             done.stages["pre_norm"] = [_host_part(pre_norm)]
     if seen.segments is not None or seen.slice_slots is not None:
@@ -803,8 +805,8 @@ def _group_views(seen: InputObservation, rows: RowSummary | None) -> None:
                 named.append(keys)
                 return column
 
-            exemplars = worst_groups(seen.segments, peaks, ratios, k=seen.settings.exemplars, bound_factor=seen.settings.bound_factor,
-                                     key_column=key_column)
+            exemplars = worst_groups(seen.segments, peaks, ratios, k=seen.settings.exemplars,
+                                     bound_factor=seen.settings.bound_factor, key_column=key_column)
             keys = named[0]
     if seen.slice_slots is not None:
         slices = slice_table(seen.slice_slots, seen.slice_index.slots, seen.rewards, seen.segments, rows,

@@ -90,7 +90,8 @@ def test_the_settings_travel_as_one_object():
                           problems=[], settings=settings)
     assert isinstance(seen, InputObservation) and seen.settings is settings
     work = seen.parts.host_work
-    assert (work.reward_range, work.exemplars, work.bound_factor) == ((0.0, 1.0), 2, 3.0)
+    kept = work.settings
+    assert (kept.reward_range, kept.exemplars, kept.bound_factor) == ((0.0, 1.0), 2, 3.0)
 
 
 def test_a_monitor_gives_its_watched_calls_its_settings():

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from advmon.sinks.delivery import DeliveryPolicy
+from advmon.config.specs import parse_spec, sink_from_spec
 from advmon.errors import AdvmonConfigError
 from advmon.sinks.base import SinkLike
-from advmon.config.specs import parse_spec, sink_from_spec
+from advmon.sinks.delivery import DeliveryPolicy
 
 __all__ = ["MAX_RUN_BYTES", "checked_policy", "checked_range", "checked_run", "checked_sinks", "default_run_id",
            "global_rank", "make_alert_sink"]

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from advmon.config.environment import Target, parse_targets
+from advmon.config.specs import parse_spec
 from advmon.errors import AdvmonConfigError, warn
 from advmon.hooks import ArgumentNames, instrumented_classes
-from advmon.config.specs import parse_spec
 
 __all__ = ["NEXT_HOOK_VARIABLE", "SETUP_HOOK", "runtime_env", "setup_worker"]
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from advmon.alerts.evaluator import Occurrence, evaluate_records
 from advmon.alerts.runbooks import runbook_html
-from advmon.reports.plots import PANELS, Panel, draw_distribution, draw_panel, figure_to_svg, new_figure, where_panels
 from advmon.progress import Progress
+from advmon.reports.plots import PANELS, Panel, draw_distribution, draw_panel, figure_to_svg, new_figure, where_panels
 from advmon.rules import Thresholds, abs_limit, rule_named, runbook_link
 from advmon.runs import Run
 
