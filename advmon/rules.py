@@ -51,6 +51,7 @@ __all__ = [
     "Threshold",
     "Thresholds",
     "group_bound",
+    "parse_selector",
     "rule_named",
     "runbook_link",
     "where",
@@ -370,6 +371,43 @@ def _counter_increase(window: Window, prefix: str) -> list[Finding]:
 
 
 # --------------------------------------------------------------------------- PromQL
+
+
+#: What ``--selector`` takes, for ``alerts generate`` and ``dashboards generate`` alike.
+SELECTOR_FORM = 'label="value" matchers separated by commas, such as \'job="grpo",team="rl"\''
+
+
+def parse_selector(selector: str) -> dict[str, str]:
+    """The ``label="value"`` matchers of a selector (``job="grpo",team="rl"``, braces optional), checked.
+
+    The one parser of the selector that ``advmon alerts generate`` and ``advmon dashboards generate`` add to
+    every query: anything else would be written into every query as invalid PromQL.
+
+    Example:
+        >>> parse_selector('{job="grpo", team="rl"}')
+        {'job': 'grpo', 'team': 'rl'}
+        >>> parse_selector("job=grpo")
+        Traceback (most recent call last):
+        ...
+        advmon.errors.AdvmonConfigError: --selector takes label="value" matchers separated by commas, such as 'job="grpo",team="rl"'; got 'job=grpo'
+    """
+    import re
+
+    if not isinstance(selector, str):
+        raise AdvmonConfigError(f"--selector takes {SELECTOR_FORM}; got {selector!r}")
+    text = selector.strip()
+    text = text[1:-1].strip() if text.startswith("{") and text.endswith("}") else text
+    labels: dict[str, str] = {}
+    for matcher in (m.strip() for m in text.split(",")):
+        if not matcher and text:
+            raise AdvmonConfigError(f"--selector takes {SELECTOR_FORM}; got an empty matcher in {selector!r}")
+        if not matcher:
+            continue
+        found = re.fullmatch(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"\\]*)"', matcher)
+        if found is None:
+            raise AdvmonConfigError(f"--selector takes {SELECTOR_FORM}; got {matcher!r}")
+        labels[found.group(1)] = found.group(2)
+    return labels
 
 
 @dataclass(frozen=True)

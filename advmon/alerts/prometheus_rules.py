@@ -32,6 +32,7 @@ from advmon.rules import (
     format_number,
     group_bound,
     fleet_recording_rules,
+    parse_selector,
     recording_rules,
     runbook_link,
     unless_finished,
@@ -68,23 +69,13 @@ class AlertSettings:
     runbook_base: str = ""
     dashboard_url: str = ""
 
+    def __post_init__(self) -> None:
+        parse_selector(self.selector)  # a bad selector is refused here, not written into every rule
+
     @property
     def selector_labels(self) -> dict[str, str]:
         """The selector's ``label="value"`` matchers (what the promtool tests' series must carry)."""
-        import re
-
-        from advmon.errors import AdvmonConfigError
-
-        text = self.selector.strip().strip("{}").strip()
-        if not text:
-            return {}
-        labels = {}
-        for matcher in (m.strip() for m in text.split(",") if m.strip()):
-            found = re.fullmatch(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"\\]*)"', matcher)
-            if found is None:
-                raise AdvmonConfigError(f'--selector takes label="value" matchers separated by commas, got {matcher!r}')
-            labels[found.group(1)] = found.group(2)
-        return labels
+        return parse_selector(self.selector)
 
     @property
     def context(self) -> PromContext:

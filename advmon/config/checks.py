@@ -7,10 +7,10 @@ after record, inside the training loop.
 Example:
     >>> checked_run("grpo-tp2")
     'grpo-tp2'
-    >>> checked_run("a/b")
+    >>> checked_run("run#1")
     Traceback (most recent call last):
     ...
-    advmon.errors.AdvmonConfigError: run 'a/b' must not contain path separators (it names the JSONL file)
+    advmon.errors.AdvmonConfigError: run 'run#1' contains '#', which readers take for FILE#RUN: a run name names its JSONL file and is read back by every reader (advmon summary, report, compare, alerts check; FILE#RUN, mlflow+URI#RUN, trackio+PROJECT#RUN), so it is 1 to 200 UTF-8 bytes of printable characters, without '/', '\\' or '#', and does not start with '.' or '-'
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from advmon.errors import AdvmonConfigError
 from advmon.sinks.base import SinkLike
 from advmon.sinks.delivery import DeliveryPolicy
 
-__all__ = ["MAX_RUN_BYTES", "checked_policy", "checked_range", "checked_run", "checked_sinks", "default_run_id",
+__all__ = ["MAX_RUN_BYTES", "RUN_RULE", "checked_policy", "checked_range", "checked_run", "checked_sinks", "default_run_id",
            "global_rank", "make_alert_sink"]
 
 
@@ -42,18 +42,44 @@ def default_run_id() -> str:
 MAX_RUN_BYTES = 200
 
 
+#: What a run name is, as ``Monitor(...)`` says when it refuses one.
+RUN_RULE = ("a run name names its JSONL file and is read back by every reader (advmon summary, report, compare, "
+            "alerts check; FILE#RUN, mlflow+URI#RUN, trackio+PROJECT#RUN), so it is 1 to 200 UTF-8 bytes of "
+            "printable characters, without '/', '\\' or '#', and does not start with '.' or '-'")
+
+
 def checked_run(run: Any) -> str:
+    """``run`` if every reader can read it back (:data:`RUN_RULE`), else one error that says the rule."""
     if not isinstance(run, str) or not run.strip():
         raise AdvmonConfigError(f"run must be a non-empty string, got {run!r}")
     if any(c in run for c in "/\\\0") or run in {".", ".."}:
-        raise AdvmonConfigError(f"run {run!r} must not contain path separators (it names the JSONL file)")
+        raise AdvmonConfigError(f"run {run!r} must not contain path separators: {RUN_RULE}")
+    unreadable = _unreadable_part(run)
+    if unreadable:
+        raise AdvmonConfigError(f"run {run!r} {unreadable}: {RUN_RULE}")
     if len(run.encode("utf-8")) > MAX_RUN_BYTES:
         # It names files ("<run>.rank<N>.jsonl"): longer names fail on every write later.
         raise AdvmonConfigError(
             f"run names a file, so it must be at most {MAX_RUN_BYTES} bytes; got {len(run.encode('utf-8'))} "
-            f"({run[:40]!r}...)"
+            f"({run[:40]!r}...): {RUN_RULE}"
         )
     return run
+
+
+def _unreadable_part(run: str) -> str:
+    """What in ``run`` a reader could not take back, in words; ``""`` if nothing."""
+    import unicodedata
+
+    if "#" in run:
+        return "contains '#', which readers take for FILE#RUN"
+    if run.startswith("."):
+        return "starts with '.', which hides its file"
+    if run.startswith("-"):
+        return "starts with '-', which a command line takes for an option"
+    for character in run:
+        if unicodedata.category(character) in ("Cc", "Cs", "Zl", "Zp"):  # newline, tab, NUL, a lone surrogate
+            return f"contains the unprintable character {character!r}"
+    return ""
 
 
 def make_alert_sink(alerts: Sequence[Any], thresholds: Mapping[str, float] | None, runbook_base: str = "",

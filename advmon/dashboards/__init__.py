@@ -19,7 +19,7 @@ from pathlib import Path
 
 from advmon.dashboards.boards import compare_board, fleet_board, health_board
 from advmon.dashboards.build import Board, BoardContext, dumps
-from advmon.rules import Thresholds
+from advmon.rules import Thresholds, parse_selector
 
 __all__ = ["DashboardSettings", "boards", "generate", "generated_files"]
 
@@ -48,6 +48,9 @@ class DashboardSettings:
     runbook_base: str = ""
     dashboards_path: str = "/var/lib/grafana/dashboards/advmon"
     thresholds: Thresholds = field(default_factory=Thresholds.with_overrides)
+
+    def __post_init__(self) -> None:
+        parse_selector(self.selector)  # the parser alerts use: a bad selector would break every query
 
     @property
     def context(self) -> BoardContext:

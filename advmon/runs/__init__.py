@@ -84,6 +84,8 @@ class Run:
 def read_run(source: str | Path) -> Run:
     """Read one run from a JSONL file, an MLflow run, a W&B offline run, TensorBoard files or trackio (see the module doc)."""
     text = str(source)
+    if _jsonl_file(text):  # a file advmon wrote, whatever its run's name looks like (tb+..., mlflow+...)
+        return _checked(_read_jsonl_run(Path(text), None), text)
     if text.startswith("trackio+"):
         from advmon.runs.trackio import read_trackio_run
 
@@ -126,6 +128,8 @@ def read_runs(source: str | Path) -> list[Run]:
     """
     text = str(source)
     path = Path(text)
+    if _jsonl_file(text):
+        return _runs_of_jsonl(path)
     if text.startswith(("tb+", "mlflow+", "trackio+")) or "#" in text or not path.is_dir() and path.suffix == ".wandb":
         return [read_run(text)]
     if not path.exists():
@@ -135,6 +139,18 @@ def read_runs(source: str | Path) -> list[Run]:
         if not files:
             return [read_run(text)]  # a W&B run directory, or the sentence that says what to pass
         return _runs_of_files(path, files)
+    return _runs_of_jsonl(path)
+
+
+def _jsonl_file(text: str) -> bool:
+    """Whether ``text`` names a JSONL file that exists: read as one, even where its name looks like another form
+    (a run named ``tb+x`` writes ``tb+x.jsonl``, and ``advmon-runs/`` read from inside lists it without a folder)."""
+    path = Path(text)
+    return path.suffix == ".jsonl" and path.is_file()
+
+
+def _runs_of_jsonl(path: Path) -> list[Run]:
+    """Every run of one JSONL file."""
     records = _read_jsonl_records(path)
     names = dict.fromkeys(r.run for r in records)
     return [Run(name, str(path), sorted((r for r in records if r.run == name), key=lambda r: r.step)) for name in names]
