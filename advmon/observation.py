@@ -165,6 +165,7 @@ class HostWork:
     items: bool = False
     groups: Any = None  #: the caller's groups (a sequence of items names its exemplars)
     group_size: int | None = None
+    size_check: int | None = None  #: :class:`InputObservation`'s: a ``group_size`` the groups must agree with
     sample_slices: np.ndarray | None = None
     slices: SliceSnapshot | None = None
     #: The row summaries come from the post_norm stage's exact part: ``"values"`` (one value a sample) or
@@ -368,6 +369,8 @@ class InputObservation:
     groups: Any = None
     row_keys: RowKeys | None = None  #: prompt rows' hashes, taken by the grouping: the exemplars' keys
     group_size: int | None = None
+    #: A ``group_size`` given beside the estimator's own groups: checked against them on the host, never used.
+    size_check: int | None = None
     #: The monitor's settings: exemplars wanted per call, the multiple of its bound that makes a group "beyond"
     #: it, the reward range (on the host: its :class:`HostWork`'s, without the run's live slice index).
     settings: ObserveSettings = NO_SETTINGS
@@ -415,11 +418,13 @@ def observe_inputs(
     seen.mask_unusable = mask is not None and seen.mask is None  # said already: no statistic from it
     functions: list[tuple[str, torch.Tensor]] = []  #: each reward function's stage and values
     for name, values in (reward_functions or {}).items():
+        values = _missing_as_nan(values, f"reward function {name!r}", problems)
         function = _attempt(problems, lambda values=values: as_tensor(values, "reward function values"))
         if function is not None:
             functions.append((f"rewards/{slice_name(name)}", function.reshape(-1)))
     if rewards is not None or rewards_expected:
-        seen.rewards = _attempt(problems, lambda: _rewards(rewards, seen.mask))
+        given = _missing_as_nan(rewards, "rewards", problems)
+        seen.rewards = _attempt(problems, lambda: _rewards(given, seen.mask))
     if slices is not None and settings.slice_index is not None:
         seen.pending_slices = (slices, settings.slice_index)
     parts = seen.parts
@@ -434,8 +439,53 @@ def observe_inputs(
     # Every consumer on the host (group values, worst groups, slices) works in float64: converted once here,
     # into a copy of its own (the caller may change its tensors once the call returned).
     seen.rewards = seen.rewards.to(torch.float64, copy=True)
+    _settle_group_size(seen, seen.rewards.shape[0], problems)
     _defer_to_host(seen, seen.rewards.shape[0], problems, functions)
     return seen
+
+
+def _settle_group_size(seen: InputObservation, batch: int, problems: list[Problem]) -> None:
+    """A ``group_size`` never overrides the groups the estimator was given, nor makes a group it does not fill.
+
+    Beside groups, the groups are used and the size is only checked against them (on the host, where they are
+    numbered: :func:`_check_group_size`). Alone, it makes blocks only where it divides the batch; otherwise the
+    call has no group statistics (a short last group would be a wrong one), and that is a problem.
+    """
+    size = seen.group_size
+    if size is None:
+        return
+    if seen.groups is not None:
+        seen.group_size, seen.size_check = None, size
+    elif batch % size:
+        seen.group_size = None
+        problems.append(Problem("group_size_indivisible", (
+            f"group_size={size} does not divide the batch of {batch} samples (a last group of {batch % size} "
+            "would be a wrong one): this call has no group statistics. Give the groups themselves "
+            "(watch(groups='...'), observe(groups=...)) or a size that divides every batch")))
+
+
+def _blocks_match(ids: np.ndarray, size: int) -> bool:
+    """Whether dense group ids are the batch's blocks of ``size`` (however they are numbered).
+
+    Example:
+        >>> _blocks_match(np.array([3, 3, 1, 1]), 2), _blocks_match(np.array([0, 0, 1, 1]), 4)
+        (True, False)
+    """
+    if ids.shape[0] % size:
+        return False
+    blocks = ids.reshape(-1, size)
+    return bool((blocks == blocks[:, :1]).all()) and len(np.unique(blocks[:, 0])) == blocks.shape[0]
+
+
+def _check_group_size(work: HostWork, ids: torch.Tensor | None, problems: list[Problem]) -> None:
+    """The estimator's groups are the call's; a ``group_size`` given beside them that disagrees is a problem."""
+    size = work.size_check
+    if size is None or ids is None or _blocks_match(ids.numpy(), size):
+        return
+    count = len(np.unique(ids.numpy()))
+    problems.append(Problem("group_size_disagrees", (
+        f"group_size={size} disagrees with the {count} groups the estimator was given over {work.batch} samples: "
+        "the given groups are used. Drop group_size, or give watch(groups=None) if the blocks are meant")))
 
 
 def _groups_and_pre_norm(seen: InputObservation, problems: list[Problem], rising: bool) -> torch.Tensor:
@@ -473,7 +523,7 @@ def _defer_to_host(seen: InputObservation, batch: int, problems: list[Problem],
 def _host_work(seen: InputObservation, batch: int) -> HostWork:
     # The run's slice index stays on the training thread: the host half gets this call's snapshot of it.
     return HostWork(batch, replace(seen.settings, slice_index=None), groups=_own_copy(seen.groups),
-                    group_size=seen.group_size)
+                    group_size=seen.group_size, size_check=seen.size_check)
 
 
 def _own_copy(groups: Any) -> Any:
@@ -731,6 +781,7 @@ def _finish_groups(seen: InputObservation, work: HostWork, vectors: Mapping[str,
     grouping = _attempt(problems, lambda: _host_groups(work, vectors, seen))
     if grouping is not None:
         seen.group_ids, seen.row_keys, rising = grouping
+        _check_group_size(work, seen.group_ids, problems)
     functions = _host_function_nonfinite([vectors[key] for _, key in work.functions], work.batch)
     seen.function_nonfinite = None if functions is None else torch.from_numpy(functions)
     if work.sample_slices is not None:
@@ -895,6 +946,38 @@ def _attempt(problems: list[Problem], compute):
     except GroupsError as error:
         problems.append(Problem("groups", f"groups ignored: {error}"))
     return None
+
+
+def _missing_as_nan(values: Any, name: str, problems: list[Problem]) -> Any:
+    """A list (or object array) of numbers with ``None`` among them: ``None`` is a missing reward, NaN.
+
+    A reward function that could not score a sample returns ``None`` (TRL's, docs/drilldown.md's): that is a
+    missing value, counted in ``nan_count``, and the other values' statistics are taken without it. Said once
+    (a problem naming ``None``). Anything else is returned as it came (a string stays a type problem).
+
+    Example:
+        >>> problems = []
+        >>> _missing_as_nan([1.0, None, 0.0], "rewards", problems).tolist(), problems[0].kind
+        ([1.0, nan, 0.0], 'missing_rewards')
+    """
+    if not isinstance(values, (list, tuple)) and not (isinstance(values, np.ndarray) and values.dtype == object):
+        return values
+    try:
+        items = np.asarray(values, dtype=object)
+    except (TypeError, ValueError):  # ragged: as_tensor says what it is
+        return values
+    flat = items.ravel().tolist()
+    missing = sum(item is None for item in flat)
+    if not missing or not all(item is None or _is_real(item) for item in flat):
+        return values
+    problems.append(Problem("missing_rewards", (
+        f"{missing} of {len(flat)} {name} {'was' if missing == 1 else 'were'} None: each counts as a missing reward (NaN, in its nan_count); "
+        "the other values' statistics are taken without them")))
+    return np.array([math.nan if item is None else float(item) for item in flat], dtype=np.float64).reshape(items.shape)
+
+
+def _is_real(item: Any) -> bool:
+    return isinstance(item, (int, float, np.integer, np.floating)) and not isinstance(item, str)
 
 
 def _rewards(rewards: Any, mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -15,7 +15,9 @@ rows as they appear, so they rise along the batch and the drill-down needs no so
 
 Groups come from, in order of preference:
 
-* ``group_size=G``: contiguous blocks of ``G`` samples (the last may be shorter);
+* ``group_size=G``: contiguous blocks of ``G`` samples (the last may be shorter; a watched call or
+  ``observe`` asks for blocks only where no groups were given and ``G`` divides the batch,
+  ``advmon.observation``);
 * a 2-D tensor of prompt token ids ``[B, S]``: identical rows;
 * a 1-D tensor: identical values;
 * any other sequence of hashables (verl's NumPy array of uid strings): equal items.
