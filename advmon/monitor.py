@@ -67,7 +67,7 @@ from advmon.record import HISTOGRAM_STAGES, Record
 from advmon.rules import Thresholds
 from advmon.sinks.base import SinkLike
 from advmon.sinks.delivery import Delivery
-from advmon.sinks.jsonl import JsonlSink
+from advmon.sinks.jsonl import JsonlSink, one_sink_per_file
 from advmon.stats import Part, SliceIndex, statistics_threads
 from advmon.steps import StepTracker
 
@@ -213,7 +213,8 @@ class Monitor:
         self.sinks: list[SinkLike] = []
         if self.enabled and (reduce == "none" or self.rank == 0):
             default = jsonl_path(Path("advmon-runs"), self.run, self.rank, per_process=False)
-            self.sinks = [JsonlSink(default), *sinks_from_env(self.run)] if sinks is None else checked_sinks(sinks, self.run)
+            chosen = [JsonlSink(default), *sinks_from_env(self.run)] if sinks is None else checked_sinks(sinks, self.run)
+            self.sinks = one_sink_per_file(chosen)  # ADVMON_SINKS=jsonl beside the default writes one file once
             for sink in self.sinks:  # a run started again gets a file of its own, unless it continues on purpose
                 if isinstance(sink, JsonlSink):
                     sink.resume = sink.resume or bool(resume)

@@ -6,13 +6,16 @@ Each test is named after what broke, and fails on the main it was written agains
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
 import advmon
 from advmon.cli import main
-from advmon.errors import AdvmonConfigError
+from advmon.errors import AdvmonConfigError, AdvmonWarning
 from advmon.monitor import monitor_from_environment
+from advmon.runs import read_run
 
 
 # --------------------------------------------------------------------------- item 12: one selector parser
@@ -77,3 +80,39 @@ def test_a_run_name_a_reader_cannot_read_back_is_refused_at_monitor_with_the_rul
     monkeypatch.setenv("ADVMON_RUN", name)  # the process-wide monitor's name is checked by the same rule
     with pytest.raises(AdvmonConfigError, match="read back by every reader"):
         monitor_from_environment()
+
+
+# --------------------------------------------------------------------------- item 5: one file, one sink
+
+
+def _quiet_steps(monitor: advmon.Monitor, steps: int) -> None:
+    for step in range(steps):
+        with monitor.step(step):
+            monitor.observe(rewards=torch.tensor([1.0, 0.0, 1.0, 1.0]), group_size=2)
+
+
+@pytest.mark.parametrize("how", ["ADVMON_SINKS=jsonl", "sinks=['jsonl', 'jsonl']", "process-wide ADVMON_SINKS=jsonl",
+                                 "the same JsonlSink twice"])
+def test_two_sinks_writing_one_file_write_each_record_once(tmp_path, monkeypatch, how):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "advmon-runs" / "doubled.jsonl"
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", AdvmonWarning)
+        if how == "ADVMON_SINKS=jsonl":
+            monkeypatch.setenv("ADVMON_SINKS", "jsonl")
+            monitor = advmon.Monitor("doubled")
+        elif how == "process-wide ADVMON_SINKS=jsonl":
+            monkeypatch.setenv("ADVMON_SINKS", "jsonl")
+            monitor = monitor_from_environment("doubled")
+        elif how == "the same JsonlSink twice":
+            sink = advmon.JsonlSink(path)
+            monitor = advmon.Monitor("doubled", sinks=[sink, sink, "jsonl"])
+        else:
+            monitor = advmon.Monitor("doubled", sinks=["jsonl", "jsonl"])
+        _quiet_steps(monitor, 3)
+        monitor.close()
+        assert [type(s).__name__ for s in monitor.sinks] == ["JsonlSink"]
+        assert [r.step for r in advmon.read_jsonl(path)] == [0, 1, 2]
+        assert [r.step for r in read_run(path).records] == [0, 1, 2]  # no restart to explain away
+    assert [str(w.message) for w in said] == []
+    assert "advmon/sink_errors/jsonl-2" not in monitor.last_metrics

@@ -12,13 +12,13 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from advmon.errors import AdvmonConfigError, warn
 from advmon.record import Record
 from advmon.sinks.base import Sink
 
-__all__ = ["JsonlSink", "one_history", "read_jsonl"]
+__all__ = ["JsonlSink", "one_history", "one_sink_per_file", "read_jsonl"]
 
 
 class JsonlSink(Sink):
@@ -114,6 +114,33 @@ class JsonlSink(Sink):
 
     def __repr__(self) -> str:
         return f"JsonlSink({str(self.path)!r})"
+
+
+def one_sink_per_file(sinks: list[Any]) -> list[Any]:
+    """``sinks`` less each one that repeats an earlier one: the same object, or a :class:`JsonlSink` of a file an
+    earlier one writes (``ADVMON_SINKS=jsonl`` beside the monitor's default, ``sinks=["jsonl", "jsonl"]``). Two
+    writers of one file are one sink, which resumes if either was asked to; otherwise every record would be
+    written twice, and readers would take the run for one restarted at every step.
+
+    Example:
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "run.jsonl")
+        >>> first = JsonlSink(path)
+        >>> one_sink_per_file([first, JsonlSink(path, resume=True), first]) == [first], first.resume
+        (True, True)
+    """
+    kept: list[Any] = []
+    files: dict[str, JsonlSink] = {}
+    for sink in sinks:
+        if any(sink is earlier for earlier in kept):
+            continue
+        if isinstance(sink, JsonlSink):
+            first = files.setdefault(os.path.abspath(sink.path), sink)
+            if first is not sink:
+                first.resume = first.resume or sink.resume
+                continue
+        kept.append(sink)
+    return kept
 
 
 def read_jsonl(path: str | os.PathLike[str], progress_label: str | None = None) -> list[Record]:
