@@ -6,6 +6,9 @@ Each test is named after what broke, and fails on the main it was written agains
 
 from __future__ import annotations
 
+import json
+import time
+import urllib.parse
 import warnings
 
 import pytest
@@ -15,7 +18,11 @@ import advmon
 from advmon.cli import main
 from advmon.errors import AdvmonConfigError, AdvmonWarning
 from advmon.monitor import monitor_from_environment
+from advmon.alerts import AlertmanagerSettings, AlertSettings, generate
+from advmon.rules import Thresholds
 from advmon.runs import read_run
+from advmon.sinks.prometheus import PrometheusSink
+from tests.services import http_get, start_prometheus, wait_for
 
 
 # --------------------------------------------------------------------------- item 12: one selector parser
@@ -116,3 +123,45 @@ def test_two_sinks_writing_one_file_write_each_record_once(tmp_path, monkeypatch
         assert [r.step for r in read_run(path).records] == [0, 1, 2]  # no restart to explain away
     assert [str(w.message) for w in said] == []
     assert "advmon/sink_errors/jsonl-2" not in monitor.last_metrics
+
+
+# --------------------------------------------------------------------------- item 9: no ghost run
+
+
+def _query(url: str, promql: str) -> list[dict]:
+    data = json.loads(http_get(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}", timeout=10))
+    assert data["status"] == "success", data
+    return data["data"]["result"]
+
+
+@pytest.mark.integration
+def test_a_prometheus_sink_made_before_its_monitor_pages_no_ghost_run_on_a_real_prometheus(tmp_path):
+    """docs/sinks.md's pattern: the sink first, then its Monitor. Nothing may be served without a run's name: a
+    series with run="" vanishes unfinished when the monitor takes the sink over, and pages AdvmonRunCrashed."""
+    thresholds = Thresholds.with_overrides({"silent_seconds": 2, "crash_memory_seconds": 600})
+    generate(tmp_path / "alerts", AlertSettings(thresholds=thresholds, interval_seconds=1.0), AlertmanagerSettings())
+    sink = PrometheusSink(port=0, finish_timeout=10)
+    endpoint = f"127.0.0.1:{sink.port}"
+    assert b"advmon_" not in http_get(f"http://{endpoint}/metrics")  # not a run's yet: nothing to say
+    prometheus, url = start_prometheus(tmp_path, {"trainer": endpoint},
+                                       rule_files=[tmp_path / "alerts" / "advmon-rules.yml"])
+    monitor = None
+    try:
+        # A hang guard of 60 s: Prometheus scrapes a new target within a few seconds, then every second.
+        wait_for(lambda: _query(url, 'count_over_time(up{job="trainer"}[1m]) >= 3'), 60, "three scrapes of the sink")
+        assert _query(url, '{__name__=~"advmon_.+", run=""}') == []  # no series without a run, none with run=""
+        monitor = advmon.Monitor("owned", sinks=[advmon.JsonlSink(tmp_path / "owned.jsonl"), sink])
+        monitor.observe(rewards=torch.tensor([1.0, 0.0, 1.0, 1.0]), group_size=2)
+        monitor.wait()
+        wait_for(lambda: _query(url, 'advmon_run_finished{run="owned"} == 0'), 60, "the run to be scraped")
+        time.sleep(2 + 3)  # silent_seconds, and three evaluations after it: when the ghost would have fired
+        assert _query(url, 'ALERTS{alertname="AdvmonRunCrashed"}') == []
+        assert _query(url, '{__name__=~"advmon_.+", run=""}') == []
+        assert {s["metric"]["run"] for s in _query(url, '{__name__=~"advmon_.+"}')} == {"owned"}
+        monitor.close()  # finished: waits for a scrape to read it (about a second here)
+        monitor = None
+        assert _query(url, 'last_over_time(advmon_run_finished{run="owned"}[1m]) == 1')
+    finally:
+        if monitor is not None:
+            monitor.close()
+        prometheus.stop()

@@ -1,7 +1,8 @@
 """Prometheus: a scrape endpoint or a Pushgateway, through one custom collector.
 
 The metric names below are the contract the generated dashboards and alerts use.
-Every series carries a ``run`` label. Gauges show the latest record; counters
+Every series carries a non-empty ``run`` label: a sink serves nothing before it belongs to a run (made
+before its Monitor, it is taken over at ``attach``). Gauges show the latest record; counters
 accumulate over records and exist at 0 from the start, so that ``increase()``
 sees the first increment.
 
@@ -62,7 +63,7 @@ _NONFINITE_STAGES = (("reward", "rewards"), ("pre_norm", "advantages/pre_norm"),
 
 
 class AdvmonCollector:
-    """A prometheus-client collector over the latest record of one run.
+    """A prometheus-client collector over the latest record of one run; nothing until it has a run's name.
 
     Example:
         >>> from prometheus_client import CollectorRegistry, generate_latest
@@ -128,6 +129,10 @@ class AdvmonCollector:
             record, nonfinite, updates, sinks = self._latest, dict(self._nonfinite), self._updates, list(self._sinks)
             exemplars, finished = dict(self._exemplars), self._finished
         run = self.run
+        if not run:
+            # Not a run's yet (a sink made before its Monitor): a series with run="" would be a run that
+            # never was, and vanishing unfinished once the monitor takes the sink over, it would page as crashed.
+            return
         metrics = record.metrics if record is not None else {}
 
         def counter(name: str, doc: str, labels: Sequence[str] = ()) -> Any:
