@@ -7,6 +7,7 @@ Every statistic is checked against NumPy (tests/reference.py); every advmon warn
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import torch
 import advmon
 from tests.conftest import ListSink
 from tests.reference import assert_stats_close, group_stats, value_stats
+from tests.services import require_module
 
 
 @pytest.fixture
@@ -122,3 +124,42 @@ def test_a_group_size_that_does_not_divide_the_batch_makes_no_groups(sink):
     sink.monitor.flush()
     for key, value in group_stats(rewards[:15], [i // 3 for i in range(15)], (0.0, 1.0)).items():
         assert sink.records[-1].metrics[key] == pytest.approx(value, nan_ok=True), key
+
+
+# --------------------------------------------------------------- AReaL's own attributes (item 3)
+
+
+def test_areal_reads_what_its_step_reads_not_a_config_without_kl_ctl(sink):
+    """Regression: an actor whose ``config`` lacks ``kl_ctl`` (a config object the actor does not read) warned and
+    inferred the kind at every call, and lost its groups: the step reads the actor's own attributes."""
+    from types import SimpleNamespace
+
+    require_module("areal")
+    import advmon.integrations.areal as advmon_areal
+    from areal.api.cli_args import NormConfig, PPOActorConfig
+    from areal.trainer.ppo.actor import PPOActor
+    from tests.test_integration_areal import GROUP, batch
+
+    settings = PPOActorConfig(experiment_name="advmon", trial_name="edges", kl_ctl=0.0, reward_scaling=1.0,
+                              reward_bias=0.0, reward_norm=NormConfig(mean_level="group", std_level="group",
+                                                                      group_size=GROUP))
+    actor = PPOActor(settings, engine=None)
+    # What the step reads of self.config: nothing about normalization, KL, discount or groups.
+    actor.config = SimpleNamespace(overlong_reward_penalty=False, use_decoupled_loss=False, recompute_logprob=False)
+    advmon_areal.instrument(sink.monitor)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            given = batch(0)
+            rewards = given["rewards"].numpy().astype(np.float64)
+            for _ in range(2):
+                actor._compute_advantages({key: value.clone() for key, value in given.items()})
+            sink.monitor.flush()
+    finally:
+        advmon_areal.uninstrument()
+    assert [str(w.message) for w in caught if "advmon" in str(w.message)] == []
+    assert len(sink.records) == 2 and sink.monitor.internal_errors == 0
+    for record in sink.records:
+        assert (record.normalization, record.normalization_source) == ("group_std", "declared")
+        for key, value in group_stats(rewards, list(np.arange(rewards.size) // GROUP), (0.0, 1.0)).items():
+            assert record.metrics[key] == pytest.approx(value, nan_ok=True), key

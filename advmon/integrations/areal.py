@@ -9,8 +9,8 @@ on the class (every actor, whichever engine holds it) and records each call:
 
 * **rewards**: ``data["rewards"]``, the task rewards as the step receives them (what AReaL
   logs as ``task_reward``), before its overlong penalty, scaling, bias and clip;
-* **groups**: contiguous blocks of ``group_size`` rows, the ``group_size`` of the
-  ``NormConfig`` that normalizes at group level (``reward_norm`` in AReaL's GRPO
+* **groups**: contiguous blocks of ``group_size`` rows, the ``group_size`` of the actor's
+  ``Normalization`` that normalizes at group level (``reward_norm`` in AReaL's GRPO
   examples), or the ``group_size`` given to :func:`instrument`; none otherwise;
 * **pre_norm**: what the step's first ``Normalization`` receives: the scaled, clipped
   rewards where AReaL normalizes rewards (``reward_norm``), else the GAE advantages
@@ -20,8 +20,10 @@ on the class (every actor, whichever engine holds it) and records each call:
 * **post_norm**: the advantages the step returns, under the loss mask AReaL computes them with:
   ``loss_mask`` rolled by one token (advantage ``t`` belongs to token ``t + 1``), as the step
   rolls it and returns it;
-* **normalization**: read from the actor's config at each call
-  (:func:`normalization_of`).
+* **normalization**: read at each call from what the step itself reads, the actor's own
+  attributes (``self.adv_norm``, ``self.reward_norm``, ``self.kl_ctl``, ``self.discount``, ...,
+  which ``PPOActor.__init__`` copies from its config), never from ``actor.config``, which the
+  step does not read for them and which may be another object (:func:`normalization_of`).
 
 The step is AReaL's ``global_step``: the trainer sets the engine's version to
 ``global_step + 1`` after each step, so during a step's advantages the version is the step
@@ -62,16 +64,24 @@ _installed: dict[str, Any] | None = None
 _version: dict[str, int] = {}
 
 
-def group_size_of(config: Any) -> int | None:
-    """The group size of the ``NormConfig`` that normalizes at group level (``reward_norm`` first), if any."""
-    for norm in (getattr(config, "reward_norm", None), getattr(config, "adv_norm", None)):
+def group_size_of(settings: Any) -> int | None:
+    """The group size of the normalization at group level (``reward_norm`` first), if any.
+
+    ``settings`` is a ``PPOActor`` (its ``Normalization`` objects, what the step uses) or a ``PPOActorConfig``
+    (its ``NormConfig`` s): both name them ``reward_norm`` and ``adv_norm``, with the same fields.
+    """
+    for norm in (getattr(settings, "reward_norm", None), getattr(settings, "adv_norm", None)):
         if norm is not None and "group" in (norm.mean_level, norm.std_level):
             return int(norm.group_size)
     return None
 
 
-def normalization_of(config: Any, critic: bool = False) -> str | None:
-    """How an AReaL actor's advantages are normalized (:mod:`advmon.normalization`), from its config.
+def normalization_of(settings: Any, critic: bool = False) -> str | None:
+    """How an AReaL actor's advantages are normalized (:mod:`advmon.normalization`), from its settings.
+
+    ``settings`` is the ``PPOActor`` itself (what the instrumented step reads: the attributes its advantage step
+    uses, ``adv_norm``, ``reward_norm``, ``kl_ctl``, ``discount``, ``gae_lambda``, ``reward_scaling``,
+    ``reward_bias``) or a ``PPOActorConfig`` (the same names, before an actor is built).
 
     ``adv_norm`` with a batch-level std whitens over the batch's tokens: ``batch`` (AReaL's GRPO, Dr. GRPO,
     RLOO, REINFORCE and PPO examples). Without ``adv_norm``, and without KL penalty, discount, GAE lambda
@@ -83,13 +93,13 @@ def normalization_of(config: Any, critic: bool = False) -> str | None:
     group-level ``adv_norm`` over tokens, GAE returns with KL terms) fits no kind: ``None``, inferred from
     the data, and judged by the loosest bound where it fits none.
     """
-    adv = getattr(config, "adv_norm", None)
+    adv = getattr(settings, "adv_norm", None)
     if adv is not None:
         return "batch" if adv.std_level == "batch" else None
-    if critic or config.kl_ctl != 0 or config.discount != 1 or config.gae_lambda != 1:
+    if critic or settings.kl_ctl != 0 or settings.discount != 1 or settings.gae_lambda != 1:
         return None
-    reward = getattr(config, "reward_norm", None)
-    scaling, bias = float(config.reward_scaling), float(config.reward_bias)
+    reward = getattr(settings, "reward_norm", None)
+    scaling, bias = float(settings.reward_scaling), float(settings.reward_bias)
     if reward is None:
         return "none" if scaling == 1 and bias == 0 else None
     levels = (reward.mean_level, reward.std_level)
@@ -104,7 +114,8 @@ def normalization_of(config: Any, critic: bool = False) -> str | None:
 
 def _step_normalization(arguments: Mapping[str, Any]) -> str | None:
     data = arguments.get("data")
-    return normalization_of(arguments["actor"].config, critic=isinstance(data, Mapping) and "values" in data)
+    # The actor's own attributes, as the step reads them (its config may be another object, or lack them).
+    return normalization_of(arguments["actor"], critic=isinstance(data, Mapping) and "values" in data)
 
 
 def current_step() -> int:
@@ -192,7 +203,7 @@ def _inputs(actor: Any, data: Any, group_size: int | None) -> tuple[Any, Any, np
     rewards, loss_mask = data.get("rewards"), data.get("loss_mask")
     if loss_mask is not None:  # as the step rolls it: advantage t is token t + 1's
         loss_mask = torch.roll(loss_mask.float(), shifts=-1, dims=-1)
-    size = group_size if group_size is not None else group_size_of(getattr(actor, "config", None))
+    size = group_size if group_size is not None else group_size_of(actor)
     groups = np.arange(len(rewards)) // size if size is not None and rewards is not None else None
     return rewards, loss_mask, groups
 
