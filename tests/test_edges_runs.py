@@ -11,6 +11,7 @@ import time
 import urllib.parse
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,8 +20,10 @@ from advmon.cli import main
 from advmon.errors import AdvmonConfigError, AdvmonWarning
 from advmon.monitor import monitor_from_environment
 from advmon.alerts import AlertmanagerSettings, AlertSettings, generate
+from advmon.record import Record
+from advmon.reports.compare import compare_runs, within_rounding
 from advmon.rules import Thresholds
-from advmon.runs import read_run
+from advmon.runs import Run, read_run
 from advmon.sinks.prometheus import PrometheusSink
 from tests.services import http_get, start_prometheus, wait_for
 
@@ -165,3 +168,55 @@ def test_a_prometheus_sink_made_before_its_monitor_pages_no_ghost_run_on_a_real_
         if monitor is not None:
             monitor.close()
         prometheus.stop()
+
+
+# --------------------------------------------------------------------------- item 10: rounding is not a divergence
+
+
+def _healthy_records(run: str, pre_norm_mean, seed: int = 0) -> list[Record]:
+    rng = np.random.default_rng(seed)
+    records = []
+    for step, mean in enumerate(pre_norm_mean):
+        noise = rng.normal(0, 0.01)
+        metrics = {"advantages/pre_norm/mean": float(mean), "advantages/pre_norm/std": 0.45 + noise,
+                   "advantages/pre_norm/min": -1.0, "advantages/pre_norm/max": 1.0,
+                   "advantages/post_norm/mean": float(mean), "advantages/post_norm/std": 1.0 + noise,
+                   "advantages/post_norm/min": -2.0, "advantages/post_norm/max": 2.0,
+                   "rewards/mean": 0.5 + noise, "rewards/min": 0.0, "rewards/max": 1.0,
+                   "groups/zero_std_fraction": 0.25}
+        records.append(Record(run, step, float(step), "grpo", None, metrics))
+    return records
+
+
+def test_compare_calls_rounding_noise_the_same_not_a_divergence(tmp_path, capsys):
+    """A healthy run against itself with NaN injected: one side's centred mean is exactly 0, the other's float64
+    sum leaves 1e-18..1.6e-17. That is the statistic's own rounding, not a difference between the runs."""
+    steps = 60
+    noise = np.random.default_rng(1).uniform(1e-18, 1.6e-17, steps)  # as the issue found it: above 0 at every step
+    a = Run("healthy", "a.jsonl", _healthy_records("healthy", np.zeros(steps)))
+    b = Run("injected", "b.jsonl", _healthy_records("injected", noise))
+    comparison = compare_runs(a, b)
+    verdicts = {s.key: s for s in comparison.statistics}
+    assert not verdicts["advantages/pre_norm/mean"].diverged
+    assert not verdicts["advantages/post_norm/mean"].diverged
+    assert not comparison.diverged, comparison.to_text()
+    # Through the command line, from the files the runs were written to: exit 0, "same".
+    paths = []
+    for run in (a, b):
+        path = tmp_path / f"{run.name}.jsonl"
+        path.write_text("".join(r.to_json() + "\n" for r in run.records))
+        paths.append(str(path))
+    assert main(["compare", *paths]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if "advantages/pre_norm/mean" in l)
+    assert " same " in line and "DIVERGED" not in line
+
+
+def test_compare_still_sees_a_difference_just_above_rounding():
+    """The bar is the rounding (64 float64 units of the largest |value| behind the statistic), not a tolerance of
+    convenience: a mean of 1e-12 against 0, in advantages of magnitude 1, is a real difference."""
+    steps = 60
+    a = Run("a", "a.jsonl", _healthy_records("a", np.zeros(steps)))
+    b = Run("b", "b.jsonl", _healthy_records("b", np.full(steps, 1e-12)))
+    verdicts = {s.key: s for s in compare_runs(a, b).statistics}
+    assert verdicts["advantages/pre_norm/mean"].diverged
+    assert within_rounding(np.zeros(2), np.array([1.4e-14, 1.5e-14]), np.ones(2)).tolist() == [0.0, 1.5e-14]

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from advmon.progress import Progress
+from advmon.record import abs_max
 from advmon.runs import Run, RunSourceError
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "StatisticVerdict",
     "compare_runs",
     "rolling_rank_z",
+    "within_rounding",
     "slice_of",
     "write_comparison_html",
 ]
@@ -80,6 +82,11 @@ SLICE_KEYS = (
     "advantages/post_norm/abs_max",
 )
 _CHUNK = 8192
+#: Two runs' values of a statistic at one step closer than this many float64 rounding units of the largest
+#: |value| behind it are one value (``docs/compare.md``, "Rounding"): advmon sums in float64, so a mean of
+#: values near 1 that is 0 in one run can be 1e-17 in the other, and ranks would call that a divergence.
+ROUNDING_UNITS = 64
+ROUNDING = ROUNDING_UNITS * float(np.finfo(np.float64).eps)  # 1.42e-14
 
 
 def rolling_rank_z(a: np.ndarray, b: np.ndarray, window: int) -> np.ndarray:
@@ -307,8 +314,10 @@ def compare_runs(run_a: Run, run_b: Run, window: int = 20, z_threshold: float = 
             progress.advance()
             if not (np.isfinite(a).any() and np.isfinite(b).any()):
                 continue  # a statistic neither run (or only one) has
-            z = rolling_rank_z(a, b, window)
-            first, reason = _first_divergence(key, a, b, z, window, z_threshold, persistence)
+            scale = np.array([max(_scale(by_a[s], key), _scale(by_b[s], key)) for s in steps])
+            b_seen = within_rounding(a, b, scale)
+            z = rolling_rank_z(a, b_seen, window)
+            first, reason = _first_divergence(key, a, b_seen, z, window, z_threshold, persistence)
             with np.errstate(all="ignore"):
                 max_z = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else math.nan
             verdict = StatisticVerdict(key, first is not None, None if first is None else int(steps[first]),
@@ -346,6 +355,43 @@ def _first_divergence(key: str, a: np.ndarray, b: np.ndarray, z: np.ndarray, win
     if ranked is not None:
         found.append((0, "from_start") if ranked == window - 1 else (ranked, "rank"))
     return min(found) if found else (None, None)
+
+
+def within_rounding(a: np.ndarray, b: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``b`` with each value that differs from ``a``'s at its step by no more than the statistic's own rounding
+    (:data:`ROUNDING` times ``scale``, the largest |value| behind it, or the values themselves) replaced by ``a``'s.
+
+    Example:
+        >>> within_rounding(np.array([0.0, 0.0, 1.0]), np.array([1.6e-17, 1e-9, 1.0 + 2e-16]), np.ones(3))
+        array([0.e+00, 1.e-09, 1.e+00])
+    """
+    with np.errstate(invalid="ignore"):
+        bound = ROUNDING * np.fmax(np.fmax(np.abs(scale), np.abs(a)), np.abs(b))
+        same = np.abs(a - b) <= bound
+    return np.where(same, a, b)
+
+
+def _scale(record: Any, key: str) -> float:
+    """The largest |value| behind a statistic at one record (what its rounding is relative to); ``nan`` if unknown.
+
+    Example:
+        >>> from advmon.record import Record
+        >>> record = Record("r", 0, 0.0, "e", None, {"advantages/pre_norm/min": -3.0, "advantages/pre_norm/max": 2.0})
+        >>> _scale(record, "advantages/pre_norm/mean"), _scale(record, "groups/zero_std_fraction")
+        (3.0, 1.0)
+    """
+    metrics = record.metrics
+    parts = key.split("/")
+    prefix = "/".join(parts[:2]) + "/" if parts[0] == "slices" else ""
+    rest = parts[2:] if prefix else parts
+    if rest[0] == "advantages" and len(rest) > 1:
+        found = _value(record, f"{prefix}advantages/{rest[1]}/abs_max")
+        return found if math.isfinite(found) else abs_max(metrics, rest[1])
+    if rest[0] == "rewards":
+        ends = [abs(_value(record, f"rewards/{end}")) for end in ("min", "max")]  # a slice's are within the run's
+        finite = [end for end in ends if math.isfinite(end)]
+        return max(finite) if finite else math.nan
+    return 1.0 if rest[-1].endswith("fraction") else math.nan
 
 
 def _value(record: Any, key: str) -> float:
