@@ -7,6 +7,7 @@ to the host once, is summarised and handed to every sink.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -504,6 +505,7 @@ class Monitor:
         self._emit_followed()
         self._settle(budget)
         self._delivery.flush(max(deadline - time.monotonic(), 0.0))
+        self._count_sink_failures()
 
     def close(self, timeout: float | None = None) -> None:
         """Emit what an open step holds, deliver what is queued (at most ``timeout``
@@ -530,18 +532,40 @@ class Monitor:
             self._warn_sink("host_half_unfinished", f"records of run {self.run} were still being finished when "
                             f"close() gave up after {budget:g}s; they are lost")
         undelivered = self._delivery.close(max(deadline - time.monotonic(), 0.0))
+        self._count_sink_failures()
+        self._say_losses(undelivered)
+        lifecycle.untrack(self)
+
+    def _count_sink_failures(self) -> None:
+        """Bring the latest record's sink counters up to now: a queued sink fails a record after it was made (its
+        retries take seconds), so the record a user reads after :meth:`flush` or :meth:`close` counts every
+        failure and drop so far. The sinks keep the record they were given."""
+        with self._lock:
+            record = self._last_record
+            if record is not None:
+                self._last_record = dataclasses.replace(record, metrics={**record.metrics,
+                                                                         **self._delivery.counters()})
+
+    def _say_losses(self, undelivered: dict[str, int]) -> None:
+        """At close: one warning per sink that lost records, with how many in all, and where they are kept."""
         files = [str(sink.path) for sink in self.sinks if isinstance(sink, JsonlSink)]
         where = (
             f"they are in {files[0]}: send them with 'advmon replay {files[0]} --to SPEC'"
             if files else "no JSONL sink keeps them: they are lost"
         )
-        for name, count in undelivered.items():
-            if count:
-                self._warn_sink(
-                    f"undelivered:{name}",
-                    f"{count} record(s) of run {self.run} could not be delivered to sink {name} before close; {where}",
-                )
-        lifecycle.untrack(self)
+        counters = self._delivery.counters()
+        for name in self._delivery.names:
+            left = undelivered.get(name, 0)
+            failed = int(counters.get(f"advmon/sink_errors/{name}", 0.0))
+            dropped = int(counters.get(f"advmon/dropped_records/{name}", 0.0))
+            if not (left or failed or dropped):
+                continue
+            parts = [f"{left} record(s) of run {self.run} could not be delivered to sink {name} before close"] if left \
+                else []
+            parts += [f"{failed} failed to be written after retries"] if failed else []
+            parts += [f"{dropped} were dropped from its full queue"] if dropped else []
+            self._warn_sink(f"lost:{name}", f"sink {name} lost {left + failed + dropped} record(s) of run {self.run}: "
+                            f"{'; '.join(parts)}; {where}")
 
     @property
     def closed(self) -> bool:

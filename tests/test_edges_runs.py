@@ -24,8 +24,8 @@ from advmon.record import Record
 from advmon.reports.compare import compare_runs, within_rounding
 from advmon.rules import Thresholds
 from advmon.runs import Run, read_run
-from advmon.sinks.prometheus import PrometheusSink
-from tests.services import http_get, start_prometheus, wait_for
+from advmon.sinks.prometheus import PrometheusSink, PushgatewaySink
+from tests.services import free_port, http_get, start_prometheus, wait_for
 
 
 # --------------------------------------------------------------------------- item 12: one selector parser
@@ -96,7 +96,11 @@ def test_a_run_name_a_reader_cannot_read_back_is_refused_at_monitor_with_the_rul
 
 
 def _quiet_steps(monitor: advmon.Monitor, steps: int) -> None:
-    for step in range(steps):
+    _quiet_steps_from(monitor, 0, steps)
+
+
+def _quiet_steps_from(monitor: advmon.Monitor, first: int, steps: int) -> None:
+    for step in range(first, first + steps):
         with monitor.step(step):
             monitor.observe(rewards=torch.tensor([1.0, 0.0, 1.0, 1.0]), group_size=2)
 
@@ -220,3 +224,26 @@ def test_compare_still_sees_a_difference_just_above_rounding():
     verdicts = {s.key: s for s in compare_runs(a, b).statistics}
     assert verdicts["advantages/pre_norm/mean"].diverged
     assert within_rounding(np.zeros(2), np.array([1.4e-14, 1.5e-14]), np.ones(2)).tolist() == [0.0, 1.5e-14]
+
+
+# --------------------------------------------------------------------------- item 11: counters that are current
+
+
+def test_sink_error_counters_count_every_failure_after_flush_and_close_says_what_was_lost(tmp_path):
+    """Against a dead Pushgateway every record of a 5-step run said advmon/sink_errors/pushgateway 0.0: each record
+    is made before its push fails. Read after flush() or close(), the latest record counts them all."""
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    gateway = PushgatewaySink(dead, timeout=1.0, heartbeat_seconds=0)
+    with pytest.warns(AdvmonWarning) as said:
+        monitor = advmon.Monitor("dead-gateway", sinks=[advmon.JsonlSink(tmp_path / "run.jsonl"), gateway], retries=0)
+        _quiet_steps(monitor, 5)
+        monitor.flush()
+        assert monitor.last_metrics["advmon/sink_errors/pushgateway"] == 5.0
+        assert monitor.last_metrics["advmon/sink_errors/jsonl"] == 0.0
+        _quiet_steps_from(monitor, 5, 3)
+        monitor.close()
+    assert monitor.last_metrics["advmon/sink_errors/pushgateway"] == 8.0
+    lost = [str(w.message) for w in said if "lost" in str(w.message)]
+    assert len(lost) == 1 and "sink pushgateway lost 8 record(s) of run dead-gateway" in lost[0], lost
+    assert f"advmon replay {tmp_path / 'run.jsonl'} --to SPEC" in lost[0]
+    assert len(advmon.read_jsonl(tmp_path / "run.jsonl")) == 8  # the file keeps them for the replay
