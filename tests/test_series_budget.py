@@ -95,10 +95,14 @@ def test_each_run_costs_the_documented_series_on_a_real_prometheus(tmp_path):
                 return {found["metric"]["run"]: int(found["value"][1]) for found in data["data"]["result"]}
 
             series = wait_for(counted, 60, "every run's series in Prometheus")
+            exposed = {run: len(sample_lines(http_get(f"http://127.0.0.1:{m.sinks[0].port}/metrics").decode()))
+                       for run, m in monitors.items()}
+            # Closed while Prometheus still scrapes: a close waits for the scrape that reads its run finished, a
+            # second away. With Prometheus gone after one scrape, each waited out finish_timeout (60 s).
+            for monitor in monitors.values():
+                monitor.close()
         finally:
             prometheus.stop()
-        exposed = {run: len(sample_lines(http_get(f"http://127.0.0.1:{m.sinks[0].port}/metrics").decode()))
-                   for run, m in monitors.items()}
     finally:
         for monitor in monitors.values():
             monitor.close()
