@@ -211,6 +211,9 @@ class Monitor:
         self.enabled = bool(all_ranks) or self.rank == 0 or reduce == "ranks"
         self.close_timeout = float(close_timeout)
         policy = checked_policy(queue_size, retries)
+        if histograms is not None and not isinstance(histograms, bool):
+            raise AdvmonConfigError(
+                f"histograms must be True, False or None (when a sink takes them), got {histograms!r}")
         self.sinks: list[SinkLike] = []
         if self.enabled and (reduce == "none" or self.rank == 0):
             default = jsonl_path(Path("advmon-runs"), self.run, self.rank, per_process=False)
@@ -222,11 +225,9 @@ class Monitor:
             if alerts:
                 self.sinks.append(make_alert_sink(alerts, alert_thresholds, runbook_base, dashboard_url))
         self._warned: set[str] = set()
-        if histograms is not None and not isinstance(histograms, bool):
-            raise AdvmonConfigError(
-                f"histograms must be True, False or None (when a sink takes them), got {histograms!r}")
         #: Whether records carry histograms (``None``: whether a sink takes them).
         self.histograms = any(getattr(s, "histograms", False) for s in self.sinks) if histograms is None else histograms
+        self._replaced = _take_over_run(self.run)  # before this monitor's sinks take the run's name
         self._delivery = Delivery(self.sinks, self.run, policy, _weak_warner(self))
         # A record's host half runs on a thread of its own, unless a problem must raise where the call is
         # (strict) or every rank must take part in the step's gather on its training thread (reduce="ranks").
@@ -252,6 +253,8 @@ class Monitor:
             )
         lifecycle.track(self)
         lifecycle.register_run(self)
+        if self._replaced:  # the process-wide monitor was the run's: this one is, so advmon.watch records here
+            lifecycle.set_default(self)
         self._steps = StepTracker(self, step_source)
         self._internal_errors = 0
         self._last_record: Record | None = None
@@ -880,6 +883,29 @@ class Monitor:
 
 
 
+def _take_over_run(run: str) -> bool:
+    """Close the monitor of ``run`` still open in this process, if any, and say so once; whether it was the
+    process-wide monitor.
+
+    One run has one monitor in a process: two open monitors of one run would write one file (steps 0, 1, 0) and
+    serve one run's series twice. A notebook cell run again without ``close()`` does that; the newer monitor is
+    the one the cell's code now holds, so it takes the run over, and the earlier one ends its run cleanly (its
+    records stay in their file, which the newer monitor's JSONL sink moves aside unless it resumes).
+    """
+    previous = lifecycle.monitor_of_run(run)
+    if previous is None:
+        return False
+    was_default = lifecycle.current_default() is previous
+    warn(f"advmon: run {run!r} already had an open Monitor in this process (a notebook cell run again without "
+         "close()?); that monitor is closed now and this one records the run from here, so the two never write "
+         "one file. Give each monitor a run of its own to keep both open", stacklevel=3)
+    try:
+        previous.close()
+    except Exception as exc:  # noqa: BLE001 - its own close warns what it could not do; this monitor still starts
+        warn(f"advmon: closing the earlier monitor of run {run!r} failed: {type(exc).__name__}: {exc}")
+    return was_default
+
+
 def _stop_watch(stop_on: Any, thresholds: Mapping[str, float] | None) -> StopWatch | None:
     """What ``stop_on`` asks for (checked now, not at the first record); ``None``: never stop."""
     if stop_on is None:
@@ -984,12 +1010,16 @@ def monitor_from_environment(run: str | None = None) -> Monitor:
     """The process-wide monitor as the ``ADVMON_*`` variables describe it (:mod:`advmon.config.environment`).
 
     ``run`` names it when ``ADVMON_RUN`` does not. Without any variable set this is
-    ``Monitor()`` with its defaults.
+    ``Monitor()`` with its defaults. Where the run has an open monitor in this process already
+    (the user's own), that one is returned: a run has one monitor in a process.
     """
     settings = monitor_settings(run=run)
     directory, per_process = settings.pop("directory"), settings.pop("per_process")
     name = default_run_id() if settings["run"] is None else checked_run(settings["run"])
     settings["run"] = name
+    open_already = lifecycle.monitor_of_run(name)
+    if open_already is not None:  # the run's monitor is open (the user's own): it is the process-wide one too
+        return open_already
     # Specs, not sinks: a rank that does not record must not start a server.
     sinks: list[Any] = [JsonlSink(jsonl_path(directory, name, global_rank(), per_process)), *specs_from_env()]
     return Monitor(sinks=sinks, **settings)

@@ -247,3 +247,48 @@ def test_sink_error_counters_count_every_failure_after_flush_and_close_says_what
     assert len(lost) == 1 and "sink pushgateway lost 8 record(s) of run dead-gateway" in lost[0], lost
     assert f"advmon replay {tmp_path / 'run.jsonl'} --to SPEC" in lost[0]
     assert len(advmon.read_jsonl(tmp_path / "run.jsonl")) == 8  # the file keeps them for the replay
+
+
+# --------------------------------------------------------------------------- item 6: one run, one monitor
+
+
+def test_a_notebook_cell_run_again_without_close_never_mixes_two_monitors_in_one_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = advmon.Monitor("notebook")  # the cell's first run: the default sink, advmon-runs/notebook.jsonl
+    _quiet_steps(first, 2)
+    first.wait()
+    with pytest.warns(AdvmonWarning) as said:
+        second = advmon.Monitor("notebook")  # the cell again: `first` is still open, its name rebound
+        _quiet_steps(second, 1)
+        second.close()
+    messages = [str(w.message) for w in said]
+    assert any("run 'notebook' already had an open Monitor in this process" in m and "closed now" in m
+               for m in messages), messages
+    assert first.closed and said[0].filename == __file__  # said where the user made the second monitor
+    folder = tmp_path / "advmon-runs"
+    assert [r.step for r in advmon.read_jsonl(folder / "notebook.jsonl")] == [0]  # the second run, alone
+    [aside] = [p for p in folder.iterdir() if p.name != "notebook.jsonl"]
+    assert [r.step for r in advmon.read_jsonl(aside)] == [0, 1]  # the first, whole and finished
+    first.observe(rewards=torch.ones(2))  # the old cell's functions still hold `first`: recorded nowhere, no error
+
+
+def test_the_process_wide_monitor_of_a_run_is_its_open_monitor(tmp_path, monkeypatch):
+    """ADVMON_RUN names a run the user opened too: advmon.watch records into the user's monitor, and never opens a
+    second one of that run (which would now close the user's)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ADVMON_RUN", "shared")
+    previous = advmon.set_monitor(None)
+    try:
+        with advmon.Monitor("shared") as mine:
+            assert advmon.get_monitor() is mine
+            watched = advmon.watch(lambda prompt_ids, rewards, mask: rewards - rewards.mean())
+            watched(torch.arange(4) // 2, torch.tensor([1.0, 0.0, 1.0, 1.0]), None)
+            assert not mine.closed and mine.last_metrics["rewards/count"] == 4.0
+        advmon.set_monitor(None)
+        default = advmon.get_monitor()  # made from the variables first: a Monitor made later takes the run over
+        with pytest.warns(AdvmonWarning, match="already had an open Monitor"):
+            taking = advmon.Monitor("shared", sinks=[])
+        assert default.closed and advmon.get_monitor() is taking
+        taking.close()
+    finally:
+        advmon.set_monitor(previous)

@@ -69,14 +69,16 @@ def test_advmon_resume_reaches_the_process_wide_monitor(tmp_path, monkeypatch):
     monitor.close()
 
 
-def test_two_live_monitors_of_one_run_share_its_file(tmp_path):
+def test_a_second_live_monitor_of_one_run_takes_it_over_and_never_shares_its_file(tmp_path):
+    # Issue 38, item 6 (was: two live monitors of one run share its file, which mixed steps 0, 1, 0 in it).
     path = tmp_path / "shared.jsonl"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", AdvmonWarning)
-        first = advmon.Monitor("shared", sinks=[advmon.JsonlSink(path)])
+    first = advmon.Monitor("shared", sinks=[advmon.JsonlSink(path)])
+    first.observe(rewards=torch.ones(2), advantages=torch.zeros(2))
+    first.wait()
+    with pytest.warns(AdvmonWarning) as said:
         second = advmon.Monitor("shared", sinks=[advmon.JsonlSink(path)])
-        for step, monitor in enumerate((first, second, first)):
-            monitor.observe(rewards=torch.ones(2), advantages=torch.zeros(2))
-        first.close()
+        second.observe(rewards=torch.ones(2), advantages=torch.zeros(2))
         second.close()
-    assert len(advmon.read_jsonl(path)) == 3
+    assert "already had an open Monitor" in str(said[0].message) and first.closed
+    assert [r.step for r in advmon.read_jsonl(path)] == [0]
+    assert len(list(tmp_path.iterdir())) == 2  # the first run's file, moved aside
