@@ -7,9 +7,14 @@ Each test is named after what broke, and fails on the main it was written agains
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 import urllib.parse
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +31,8 @@ from advmon.rules import Thresholds
 from advmon.runs import Run, read_run
 from advmon.sinks.prometheus import PrometheusSink, PushgatewaySink
 from tests.services import free_port, http_get, start_prometheus, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # --------------------------------------------------------------------------- item 12: one selector parser
@@ -292,3 +299,59 @@ def test_the_process_wide_monitor_of_a_run_is_its_open_monitor(tmp_path, monkeyp
         taking.close()
     finally:
         advmon.set_monitor(previous)
+
+
+# --------------------------------------------------------------------------- item 4: a fork never moves a run
+
+FORKING = r"""
+import os, sys, torch, advmon
+folder, when = sys.argv[1], sys.argv[2]
+monitor = advmon.Monitor("forked", sinks=[advmon.JsonlSink(os.path.join(folder, "forked.jsonl"))])
+
+def record(first, steps, size):
+    for n in range(first, first + steps):
+        with monitor.step(n):
+            monitor.observe(rewards=torch.ones(size))
+    monitor.wait()
+
+if when == "after":  # the parent's file is open when the worker forks
+    record(0, 5, 4)
+child = os.fork()
+if child == 0:  # a DataLoader worker that records, then ends without exit handlers
+    record(5, 5, 100)
+    os._exit(0)
+os.waitpid(child, 0)
+record(5, 5, 4) if when == "after" else record(0, 2, 4)
+monitor.close()
+print(child)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+@pytest.mark.parametrize("when", ["after", "before"])
+def test_a_forked_worker_never_moves_or_writes_its_parents_run(tmp_path, when):
+    """The child's records go to a file named for its process, said once; the parent's file holds the parent's
+    records, one per step, whichever process writes first. ("before": the parent forks before its first record,
+    beside an earlier run's file, which only the parent moves aside.)"""
+    earlier = Record("forked", 0, 0.0, "earlier", None, {"rewards/count": 7.0})
+    if when == "before":
+        (tmp_path / "forked.jsonl").write_text(earlier.to_json() + "\n")
+    script = tmp_path / "forking.py"
+    script.write_text(FORKING)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), when], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    child = int(done.stdout.split()[-1])
+    theirs = tmp_path / f"forked.{socket.gethostname()}-{child}.jsonl"
+    parent = advmon.read_jsonl(tmp_path / "forked.jsonl")
+    steps = list(range(10)) if when == "after" else [0, 1]
+    assert [r.step for r in parent] == steps and {r.metrics["rewards/count"] for r in parent} == {4.0}
+    assert [(r.step, r.metrics["rewards/count"]) for r in advmon.read_jsonl(theirs)] == [(n, 100.0) for n in range(5, 10)]
+    others = sorted(p.name for p in tmp_path.glob("forked*.jsonl") if p not in (theirs, tmp_path / "forked.jsonl"))
+    if when == "before":  # the earlier run, moved aside once, by the parent
+        [aside] = others
+        assert [r.estimator for r in advmon.read_jsonl(tmp_path / aside)] == ["earlier"]
+        assert done.stderr.count("held the records of an earlier run") == 1
+    else:
+        assert others == []
+    assert done.stderr.count(f"process {child} is a fork of process") == 1 and str(theirs) in done.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 import weakref
@@ -56,6 +57,8 @@ class JsonlSink(Sink):
         self._file: IO[str] | None = None
         self._lock = threading.Lock()
         self._started = False
+        self._given = self.path  # the path it was given: a forked child's file is named from it
+        self._forked_from: tuple[int, Path] | None = None  # (parent process, its file) until the child says so
         _sinks.add(self)
 
     def write(self, record: Record) -> None:
@@ -65,6 +68,26 @@ class JsonlSink(Sink):
                 self._file = self._open()
             self._file.write(line)
             self._file.flush()
+        if self._forked_from is not None:
+            parent, theirs = self._forked_from
+            self._forked_from = None
+            warn(f"advmon: process {os.getpid()} is a fork of process {parent}, whose run {record.run} writes "
+                 f"{theirs}: this process's records go to a file of its own, {self.path}, and never into its "
+                 "parent's (said once)")
+
+    def _forked(self) -> None:
+        """In a forked child: leave the parent's file alone (never written, moved or renamed from here) and write
+        a file named for this process, ``<name>.<host>-<pid>.jsonl``, as ``ADVMON_PER_PROCESS`` names them."""
+        if self._file is not None:
+            try:
+                self._file.close()  # the child's copy of the descriptor; forking waited for the line being written
+            except OSError:
+                pass
+            self._file = None
+        theirs = self.path
+        self.path = self._given.with_name(f"{self._given.stem}.{socket.gethostname()}-{os.getpid()}{self._given.suffix}")
+        self._started = False
+        self._forked_from = (os.getppid(), theirs)
 
     def _open(self) -> IO[str]:
         """Open for appending; after a process killed mid-line, start on a fresh line."""
@@ -240,5 +263,16 @@ def _release_lines() -> None:
     _held.clear()
 
 
+def _own_files_in_child() -> None:
+    """A forked child (a DataLoader or multiprocessing worker) never writes, moves or renames its parent's files:
+    which process opened a file first must not decide whose run it holds. Every sink writes a file of the
+    child's own from here (:meth:`JsonlSink._forked`), and the parent's open files are not the child's."""
+    _release_lines()
+    JsonlSink._writing_lock = threading.Lock()  # another thread of the parent may have held it at the fork
+    JsonlSink._writing = weakref.WeakSet()
+    for sink in list(_sinks):
+        sink._forked()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_hold_lines, after_in_parent=_release_lines, after_in_child=_release_lines)
+    os.register_at_fork(before=_hold_lines, after_in_parent=_release_lines, after_in_child=_own_files_in_child)
