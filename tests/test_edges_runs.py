@@ -355,3 +355,19 @@ def test_a_forked_worker_never_moves_or_writes_its_parents_run(tmp_path, when):
     else:
         assert others == []
     assert done.stderr.count(f"process {child} is a fork of process") == 1 and str(theirs) in done.stderr
+
+
+def test_advmon_sinks_jsonl_names_the_default_file_wherever_the_rank_puts_it(tmp_path, monkeypatch):
+    """On rank 3 with all_ranks the default file is <run>.rank3.jsonl: a bare 'jsonl' in ADVMON_SINKS must not add
+    rank 0's file, <run>.jsonl, as a second sink (two ranks would then write one file)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ADVMON_SINKS", "jsonl")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("ADVMON_ALL_RANKS", "1")
+    for make in (lambda: advmon.Monitor("ranked", all_ranks=True), lambda: monitor_from_environment("ranked")):
+        monitor = make()
+        _quiet_steps(monitor, 2)
+        monitor.close()
+        assert [s.path.name for s in monitor.sinks] == ["ranked.rank3.jsonl"]
+        assert sorted(p.name for p in (tmp_path / "advmon-runs").iterdir()) == ["ranked.rank3.jsonl"]
+        (tmp_path / "advmon-runs" / "ranked.rank3.jsonl").unlink()

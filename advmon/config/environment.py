@@ -9,6 +9,7 @@ instrument, so nothing in the worker's code has to change:
                            a generated one)
 ``ADVMON_SINKS``           comma-separated sink specs (``jsonl:PATH``, ``mlflow:URI``,
                            ``pushgateway:URL``, ``ray-metrics``, ...) besides the JSONL file
+                           (a bare ``jsonl`` names that file: no second sink)
 ``ADVMON_DIR``             directory of the default JSONL file (default ``advmon-runs``)
 ``ADVMON_PER_PROCESS``     ``1``: name that file ``<run>.<host>-<pid>.jsonl``, as several
                            workers may record the same run

@@ -123,12 +123,19 @@ def notifiers_from_specs(specs: list[str]) -> list[Any]:
 
 
 def specs_from_env(environ: dict[str, str] | None = None) -> list[str]:
-    """The specs named in ``ADVMON_SINKS`` (comma-separated), checked."""
+    """The specs named in ``ADVMON_SINKS`` (comma-separated), checked: the sinks besides the monitor's own JSONL
+    file. A bare ``jsonl`` names that file (which every monitor made from the environment writes, wherever
+    ``ADVMON_DIR``, the rank or ``ADVMON_PER_PROCESS`` puts it), so it adds no second sink.
+
+    Example:
+        >>> specs_from_env({"ADVMON_SINKS": "jsonl, mlflow:sqlite:///m.db, jsonl:all.jsonl"})
+        ['mlflow:sqlite:///m.db', 'jsonl:all.jsonl']
+    """
     value = (os.environ if environ is None else environ).get(ENV_VAR, "")
     specs = [part.strip() for part in value.split(",") if part.strip()]
     for spec in specs:
         parse_spec(spec)  # all errors before any sink starts a server
-    return specs
+    return [spec for spec in specs if spec not in ("jsonl", "jsonl:")]
 
 
 def sinks_from_env(run: str, environ: dict[str, str] | None = None) -> list[SinkLike]:
