@@ -1,7 +1,8 @@
 """``advmon compare``: do two runs of one recipe diverge, where, and in which statistic first?
 
 Method (``docs/compare.md``): the runs are aligned by step (the steps both
-recorded). Each slice both runs recorded (``slices/<label>/...``) is compared
+recorded), and two values of one step closer than the statistic's own rounding
+(:data:`ROUNDING` times the largest |value| behind it) are one value. Each slice both runs recorded (``slices/<label>/...``) is compared
 the same way, statistic by statistic, and the slice that diverges first is named. For each statistic and each step ``t``, the values of the last
 ``window`` common steps of run A are compared with those of run B by a
 Mann-Whitney rank test: ``z`` measures how far A's values sit above or below B's
