@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import types
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -37,12 +38,14 @@ __all__ = [
     "grouped_by",
     "instrument",
     "is_watched",
+    "say_switched",
     "scored_by",
     "sliced_by",
     "takes_argument_names",
     "tap",
     "unmapped_inputs",
     "watch",
+    "watch_in_place",
     "watch_names",
     "watch_with",
 ]
@@ -400,6 +403,79 @@ def _wrapper(state: WatchState) -> Callable[..., Any]:
     return wrapper
 
 
+def watch_in_place(fn: F, monitor: Recorder | None, names: ArgumentNames) -> F:
+    """:func:`watch_with` for a function that stays where a framework keeps it (a registry, a module attribute).
+
+    What a framework's lookups give back must still be what was registered: the result
+    (:class:`WatchedFunction`) compares equal to and hashes like ``fn``, has its name, module, qualified
+    name, docstring and signature, binds as a method, and pickles by reference where it stands in for ``fn``
+    at ``fn``'s own module attribute. An ``async def`` gets :func:`watch_with`'s wrapper (a coroutine function).
+
+    Example:
+        >>> def estimate(rewards):
+        ...     return rewards
+        >>> watched = watch_in_place(estimate, None, ArgumentNames())
+        >>> watched == estimate, estimate == watched, hash(watched) == hash(estimate), {estimate: 1}[watched]
+        (True, True, True, 1)
+        >>> watched.__name__, str(inspect.signature(watched)), is_watched(watched)
+        ('estimate', '(rewards)', True)
+    """
+    if inspect.iscoroutinefunction(fn):
+        return watch_with(fn, monitor, names)
+    return WatchedFunction(WatchState(fn, Binding(monitor), names))  # type: ignore[return-value]
+
+
+class WatchedFunction:
+    """A watched function that looks like the function it watches to whoever compares, hashes or pickles it.
+
+    Made by :func:`watch_in_place`. A plain wrapper function is a new object: ``registry.get(name) == fn``
+    is ``False`` (SkyRL's and verl's registries compare), a set or dict keyed by the function misses it, and
+    plain pickle refuses the function once its module attribute is the wrapper. This one is equal to and
+    hashes like the function, and anything else it is asked (``__code__``, ``__defaults__``, ...) is the
+    function's. It keeps no per-call state (the call in flight is a context variable's).
+    """
+
+    def __init__(self, state: WatchState) -> None:
+        functools.update_wrapper(self, state.fn)  # name, module, qualname, doc, annotations, __wrapped__
+        self.__dict__[_WATCHED] = state
+        self.__dict__["_advmon_call"] = _wrapper(state)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._advmon_call(*args, **kwargs)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        return self if instance is None else types.MethodType(self, instance)
+
+    def __eq__(self, other: object) -> bool:
+        return self.__wrapped__ == (other.__wrapped__ if isinstance(other, WatchedFunction) else other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self.__wrapped__)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for what the instance lacks: the function's own attributes (__code__, __globals__, ...).
+        wrapped = self.__dict__.get("__wrapped__")
+        if wrapped is None or name.startswith("_advmon") or name == _WATCHED:
+            raise AttributeError(name)
+        return getattr(wrapped, name)
+
+    def __reduce__(self) -> Any:
+        state: WatchState = self.__dict__[_WATCHED]
+        module = sys.modules.get(getattr(state.fn, "__module__", None) or "")
+        owner: Any = module
+        for part in (getattr(state.fn, "__qualname__", "") or "<>").split("."):
+            owner = getattr(owner, part, None)
+        if owner is self:  # it stands at the function's own name: by reference, as the function would
+            return self.__qualname__
+        return (WatchedFunction, (state,))  # the state pickles as (function, binding, names)
+
+    def __repr__(self) -> str:
+        return f"<advmon-watched function {self.__qualname__}>"
+
+
 class BoundWatched:
     """An instance's watched method: pickles with its instance, as ``(function, binding, names)``.
 
@@ -635,7 +711,11 @@ def instrument(target: Any, monitor: Recorder | None, method: str, names: Argume
 
     An instance whose class is watched by another monitor is wrapped again: the
     instance's wrapper is the outer call, so its monitor records and the class's
-    wrapper lets the call through. An instrumented instance pickles with its
+    wrapper lets the call through. The same target instrumented again for another
+    monitor moves to it, with one warning (:func:`say_switched`): a notebook cell run
+    again with a new monitor records there, never silently into the first. ``None``
+    (the process-wide monitor) keeps an existing instrumentation as it is. An
+    instrumented instance pickles with its
     instrumentation; a class instrumented here reaches other processes through
     ``advmon.integrations.ray.runtime_env()`` (see :func:`instrumented_classes`).
     """
@@ -647,6 +727,13 @@ def instrument(target: Any, monitor: Recorder | None, method: str, names: Argume
         raise AdvmonConfigError(f"{type(target).__qualname__} object has no method {method!r}")
     if is_watched(bound, monitor):
         return target
+    earlier = _watch_state(getattr(target, "__dict__", {}).get(method))
+    if earlier is not None:  # this instance's own wrapper, for another monitor
+        if monitor is None:
+            return target
+        say_switched(f"{type(target).__qualname__}.{method} of {target!r}", earlier.binding, monitor)
+        _unwrap_instance(target, method)
+        bound = getattr(target, method)
     try:
         raw = inspect.getattr_static(type(target), method)
     except AttributeError:
@@ -673,12 +760,58 @@ def _instrument_class(target: type, binding: Binding, method: str, names: Argume
     if not callable(wrapped):
         raise AdvmonConfigError(f"{target.__qualname__}.{method} is not callable")
     state = getattr(wrapped, _WATCHED, None)
-    if not (isinstance(state, WatchState) and state.binding.covers(binding)):
+    if isinstance(state, WatchState) and not state.binding.covers(binding):
+        if binding.monitor is None:  # the process-wide monitor (or a run's, arriving in a worker): kept as it is
+            return target
+        say_switched(f"{target.__qualname__}.{method}", state.binding, binding.monitor)
+        wrapped, state = state.fn, None  # re-wrapped below, around the class's own function
+    if not isinstance(state, WatchState):
         wrapper = _wrapper(WatchState(wrapped, binding, names))
-        setattr(target, method, type(raw)(wrapper) if wrapped is not raw else wrapper)
+        setattr(target, method, type(raw)(wrapper) if isinstance(raw, (staticmethod, classmethod)) else wrapper)
     _instrumented_classes.setdefault(target, {})[method] = (names, binding.run)
     _carry_instances(target)
     return target
+
+
+def _watch_state(value: Any) -> WatchState | None:
+    """The :class:`WatchState` of an advmon wrapper (a function, a :class:`BoundWatched`), else ``None``."""
+    for candidate in (value, getattr(value, "__func__", None)):
+        state = getattr(candidate, _WATCHED, None)
+        if isinstance(state, WatchState):
+            return state
+    return None
+
+
+def _unwrap_instance(target: Any, method: str) -> None:
+    """Take an instance's own wrapper off: the class's method shows again, or what the wrapper wrapped."""
+    own = target.__dict__[method]
+    if isinstance(own, BoundWatched):
+        delattr(target, method)
+    else:
+        setattr(target, method, _watch_state(own).fn)  # type: ignore[union-attr]
+
+
+def say_switched(target: str, before: Binding | Recorder | None, after: Recorder, undo: str | None = None) -> None:
+    """One warning: ``target``, instrumented for one monitor, now records to ``after`` (instrumented again).
+
+    Example:
+        >>> import warnings
+        >>> class Run:
+        ...     run = "grpo-2"
+        >>> with warnings.catch_warnings(record=True) as said:
+        ...     warnings.simplefilter("always")
+        ...     say_switched("verl's estimators", None, Run(), "advmon.integrations.verl.uninstrument()")
+        >>> print(said[0].message)  # doctest: +ELLIPSIS
+        advmon: instrumenting verl's estimators again, for another monitor (run 'grpo-2'): its calls go to ...
+    """
+    from advmon.errors import warn
+
+    earlier = before.monitor if isinstance(before, Binding) and before.monitor is not None else before
+    run = before.run if isinstance(before, Binding) else getattr(before, "run", None)
+    described = "the process-wide monitor" if earlier is None and run is None else f"a monitor of run {run!r}"
+    warn(f"advmon: instrumenting {target} again, for another monitor (run {after.run!r}): its calls go to that "
+         f"one now, and {described}, which it was instrumented for, records no more of them"
+         + (f". To switch without this warning, call {undo} first" if undo else ""))
 
 
 def _carry_instances(cls: type) -> None:

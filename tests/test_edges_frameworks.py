@@ -163,3 +163,248 @@ def test_areal_reads_what_its_step_reads_not_a_config_without_kl_ctl(sink):
         assert (record.normalization, record.normalization_source) == ("group_std", "declared")
         for key, value in group_stats(rewards, list(np.arange(rewards.size) // GROUP), (0.0, 1.0)).items():
             assert record.metrics[key] == pytest.approx(value, nan_ok=True), key
+
+
+# --------------------------------------------------------------- frameworks' lookups unchanged (item 1)
+
+
+def test_skyrls_registry_gives_back_what_was_registered_when_instrumented(sink):
+    """Regression: with advmon on, SkyRL's own registry tests failed (test_ppo_utils.py at skyrl-v0.3.0):
+    ``reg.register("mine", f); reg.get("mine") == f`` was False, ``get`` returning advmon's wrapper. Here what
+    those tests assert of the registry, with SkyRL instrumented, and a call through the trainer's entry point
+    still recorded."""
+    import inspect
+    import pickle
+
+    require_module("skyrl")
+    import advmon.integrations.skyrl as advmon_skyrl
+    from tests.test_integration_skyrl import batch
+
+    ppo_utils = advmon_skyrl.load_ppo_utils()
+    registry = ppo_utils.AdvantageEstimatorRegistry
+    entry_signature = inspect.signature(ppo_utils.compute_advantages_and_returns)
+    builtin = {"grpo": ppo_utils.compute_grpo_outcome_advantage, "gae": ppo_utils.compute_gae_advantage_return,
+               "rloo": ppo_utils.compute_rloo_outcome_advantage,
+               "reinforce++": ppo_utils.compute_reinforce_plus_plus_outcome_advantage,
+               "maxrl": ppo_utils.compute_maxrl_advantage}
+
+    def dummy_function(token_level_rewards, response_mask, index=None, **kwargs):
+        scores = token_level_rewards.sum(-1)
+        advantages = (scores - scores.mean()).unsqueeze(-1) * response_mask
+        return advantages, advantages
+
+    advmon_skyrl.instrument(sink.monitor)
+    try:
+        registry.register("advmon_dummy", dummy_function)
+        got = registry.get("advmon_dummy")
+        assert got == dummy_function and got is dummy_function and hash(got) == hash(dummy_function)
+        assert "advmon_dummy" in registry.list_available()
+        for name, function in builtin.items():  # the registry, the module and SkyRL's enum agree
+            assert registry.get(name) is function and registry.get(ppo_utils.AdvantageEstimator(name)) is function
+            assert pickle.loads(pickle.dumps(registry.get(name))) is function
+        with pytest.raises(ValueError, match="already registered"):
+            registry.register("grpo", builtin["grpo"])  # SkyRL's own check, unchanged
+        assert inspect.signature(ppo_utils.compute_advantages_and_returns) == entry_signature
+        assert ppo_utils.compute_advantages_and_returns.__name__ == "compute_advantages_and_returns"
+        # What the trainer calls is recorded, under the estimator's name, statistics equal to NumPy's.
+        data = batch(0)
+        advantages, _ = ppo_utils.compute_advantages_and_returns(
+            token_level_rewards=data["token_level_rewards"], response_mask=data["response_mask"],
+            index=data["index"], adv_estimator="advmon_dummy", config=None)
+        sink.monitor.flush()
+        (record,) = sink.records
+        assert record.estimator.endswith("dummy_function")
+        assert_stats_close(record.metrics, value_stats(advantages.numpy(), data["response_mask"].numpy()),
+                           "advantages/post_norm/")
+        # SkyRL's reset and repopulate (its tests' fixtures) register SkyRL's functions, never advmon's.
+        registry.unregister("advmon_dummy")
+        registry.reset()
+        registry.repopulate_registry()
+        assert {name: registry.get(name) for name in builtin} == builtin
+        assert all(registry.get(name) is function for name, function in builtin.items())
+    finally:
+        advmon_skyrl.uninstrument()
+        if "advmon_dummy" in registry._functions:
+            registry.unregister("advmon_dummy")
+
+
+def test_verls_lookups_give_back_functions_equal_to_what_was_registered(sink):
+    """Regression: verl's registry held advmon's wrappers: ``get_adv_estimator_fn("grpo") == f`` was False, and
+    re-registering verl's own function (``register_adv_est("grpo")(f)``, a reloaded module) raised "already
+    registered" in verl's own check (``registry[name] != fn``)."""
+    import functools
+    import inspect
+    import pickle
+
+    require_module("verl")
+    import advmon.integrations.verl as advmon_verl
+    from advmon.hooks import is_watched
+    from tests.test_integration_verl import batch
+    from verl.trainer.ppo import core_algos
+
+    registered = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
+    grpo = registered["grpo"]
+    advmon_verl.instrument(sink.monitor)
+    try:
+        assert core_algos.ADV_ESTIMATOR_REGISTRY == registered  # the registry keeps what was registered
+        for name, function in registered.items():
+            looked_up = core_algos.get_adv_estimator_fn(name)
+            assert is_watched(looked_up) and looked_up == function and function == looked_up
+            assert hash(looked_up) == hash(function) and {function: name}[looked_up] == name
+            assert (looked_up.__name__, looked_up.__qualname__, looked_up.__module__) == (
+                function.__name__, function.__qualname__, function.__module__)
+            assert inspect.signature(looked_up) == inspect.signature(function)
+        assert core_algos.register_adv_est("grpo")(grpo) is grpo  # verl's own check passes
+        attribute = core_algos.compute_grpo_outcome_advantage
+        assert attribute == grpo and pickle.loads(pickle.dumps(attribute)) is attribute
+        # A partial of what the lookup gives back records once, statistics equal to NumPy's.
+        data = batch(0)
+        partial = functools.partial(core_algos.get_adv_estimator_fn("grpo"), index=data.non_tensor_batch["uid"])
+        advantages, _ = partial(token_level_rewards=data.batch["token_level_rewards"],
+                                response_mask=data.batch["response_mask"])
+        sink.monitor.flush()
+        (record,) = sink.records
+        rewards = data.batch["token_level_rewards"].sum(-1).numpy().astype(np.float64)
+        for key, value in group_stats(rewards, list(data.non_tensor_batch["uid"]), (0.0, 1.0)).items():
+            assert record.metrics[key] == pytest.approx(value, nan_ok=True), key
+        assert_stats_close(record.metrics, value_stats(advantages.numpy(), data.batch["response_mask"].numpy()),
+                           "advantages/post_norm/")
+    finally:
+        advmon_verl.uninstrument()
+    assert core_algos.ADV_ESTIMATOR_REGISTRY == registered
+    assert all(core_algos.ADV_ESTIMATOR_REGISTRY[name] is fn for name, fn in registered.items())
+
+
+def test_a_function_target_activated_in_a_worker_stays_equal_to_itself(sink, monkeypatch):
+    """ADVMON_INSTRUMENT's function targets replace a module attribute: what stood there is still equal, hashes
+    alike and pickles by reference."""
+    import pickle
+    import sys
+    import types
+
+    from advmon.config.environment import parse_targets
+    from advmon.hooks import is_watched
+    from advmon.integrations.activation import watch_target
+
+    module = types.ModuleType("advmon_edges_estimators")
+    exec("def centered(rewards):\n    return rewards - rewards.mean()\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    original = module.centered
+    registry = {original: "centered"}  # a framework's table keyed by the function
+    (target,) = parse_targets(f"{module.__name__}:centered(groups=None)")
+    watch_target(target, module)
+    assert is_watched(module.centered) and module.centered == original and registry[module.centered] == "centered"
+    assert pickle.loads(pickle.dumps(module.centered)) is module.centered
+    advmon.set_monitor(sink.monitor)
+    try:
+        rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])
+        module.centered(rewards)
+        sink.monitor.flush()
+    finally:
+        advmon.set_monitor(None)
+    assert_stats_close(sink.records[-1].metrics, {k: v for k, v in value_stats(rewards.numpy()).items()
+                                                  if k in ("mean", "std", "min", "max", "count")}, "rewards/")
+
+
+# --------------------------------------------------------------- instrumenting again for another monitor (item 2)
+
+
+def second_monitor(name: str) -> tuple[advmon.Monitor, ListSink]:
+    sink = ListSink()
+    return advmon.Monitor(name, sinks=[sink], reward_range=(0.0, 1.25)), sink
+
+
+def instrument_twice(first: advmon.Monitor, instrument, call) -> ListSink:
+    """instrument(first); instrument(second): one warning naming the switch; calls record to the second only;
+    instrumenting again with the second, or with no monitor, changes nothing and says nothing."""
+    second, second_sink = second_monitor("edges-second")
+    try:
+        instrument(first)
+        with pytest.warns(advmon.AdvmonWarning, match=r"again, for another monitor \(run 'edges-second'\)"):
+            instrument(second)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", advmon.AdvmonWarning)
+            instrument(second)
+            instrument(None)
+            call()
+        first.flush(), second.flush()
+    finally:
+        second.close()
+    return second_sink
+
+
+def test_verl_instrumented_again_for_another_monitor_moves_there(sink):
+    """Regression: instrument(m1); instrument(m2) kept recording into m1, and m2 wrote nothing."""
+    require_module("verl")
+    import advmon.integrations.verl as advmon_verl
+    from tests.test_integration_verl import run_estimator
+
+    try:
+        second = instrument_twice(sink.monitor, advmon_verl.instrument, lambda: run_estimator("grpo"))
+    finally:
+        advmon_verl.uninstrument()
+    assert (len(sink.records), len(second.records)) == (0, 1)
+
+
+def test_skyrl_instrumented_again_for_another_monitor_moves_there(sink):
+    require_module("skyrl")
+    import advmon.integrations.skyrl as advmon_skyrl
+    from tests.test_integration_skyrl import run
+
+    try:
+        second = instrument_twice(sink.monitor, advmon_skyrl.instrument, lambda: run("grpo"))
+    finally:
+        advmon_skyrl.uninstrument()
+    assert (len(sink.records), len(second.records)) == (0, 1)
+
+
+def test_areal_instrumented_again_for_another_monitor_moves_there(sink):
+    require_module("areal")
+    import advmon.integrations.areal as advmon_areal
+    from tests.test_integration_areal import step
+
+    try:
+        second = instrument_twice(sink.monitor, advmon_areal.instrument, lambda: step("grpo"))
+    finally:
+        advmon_areal.uninstrument()
+    assert (len(sink.records), len(second.records)) == (0, 1)
+
+
+def test_openrlhf_instrumented_again_for_another_monitor_moves_there(sink):
+    require_module("openrlhf")
+    import advmon.integrations.openrlhf as advmon_openrlhf
+    from tests.test_integration_openrlhf import experiences, maker
+
+    try:
+        second = instrument_twice(sink.monitor, advmon_openrlhf.instrument,
+                                  lambda: maker("group_norm").compute_advantages_and_returns(experiences(0)))
+    finally:
+        advmon_openrlhf.uninstrument()
+    assert (len(sink.records), len(second.records)) == (0, 1)
+
+
+def test_nemo_rl_classes_and_instances_instrumented_again_move_to_the_new_monitor(sink):
+    import types
+
+    import advmon.integrations.nemo_rl as advmon_nemo
+    from tests.nemo_like import AdvEstimatorConfig, GRPOAdvantageEstimator
+
+    class Estimator(GRPOAdvantageEstimator):  # a class of this test's own: instrumenting it changes no other test
+        pass
+
+    module = types.SimpleNamespace(GRPOAdvantageEstimator=Estimator)
+    prompt_ids = torch.arange(4).repeat_interleave(4)
+    rewards = torch.tensor([1.0, 1, 1, 1, 0, 1, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1])
+
+    def call() -> None:
+        Estimator(AdvEstimatorConfig(), {}).compute_advantage(prompt_ids, rewards, torch.ones(16, 3))
+
+    second = instrument_twice(sink.monitor, lambda monitor: advmon_nemo.instrument(monitor, module=module), call)
+    assert (len(sink.records), len(second.records)) == (0, 1)
+    for key, value in group_stats(rewards.numpy(), prompt_ids.tolist(), (0.0, 1.25)).items():
+        assert second.records[0].metrics[key] == pytest.approx(value, nan_ok=True), key
+    # An instance: the same.
+    estimator = Estimator(AdvEstimatorConfig(), {})
+    second = instrument_twice(sink.monitor, lambda monitor: advmon.instrument(estimator, monitor),
+                              lambda: estimator.compute_advantage(prompt_ids, rewards, torch.ones(16, 3)))
+    assert (len(sink.records), len(second.records)) == (0, 1)

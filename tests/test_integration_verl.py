@@ -138,7 +138,9 @@ def instrumented_monitor(records):
 def test_every_path_is_watched_and_undo_restores_verl(instrumented):
     from advmon.hooks import is_watched
 
-    assert all(is_watched(fn) for fn in core_algos.ADV_ESTIMATOR_REGISTRY.values())
+    # The registry keeps what was registered; its lookup and the module's attributes give the watched versions.
+    assert not any(is_watched(fn) for fn in core_algos.ADV_ESTIMATOR_REGISTRY.values())
+    assert all(is_watched(core_algos.get_adv_estimator_fn(name)) for name in core_algos.ADV_ESTIMATOR_REGISTRY)
     assert is_watched(core_algos.compute_grpo_outcome_advantage)
     assert is_watched(core_algos.compute_gae_advantage_return)
     # GDPO calls the module-level GRPO per reward key: one record, the outer one.
@@ -151,6 +153,8 @@ def test_every_path_is_watched_and_undo_restores_verl(instrumented):
 
 
 def test_estimators_registered_later_and_reregistration(instrumented):
+    from advmon.hooks import is_watched
+
     @core_algos.register_adv_est("advmon_test_centered")
     def centered(token_level_rewards, response_mask, index=None, config=None, **kwargs):
         scores = token_level_rewards.sum(-1)
@@ -160,12 +164,16 @@ def test_estimators_registered_later_and_reregistration(instrumented):
     try:
         run_estimator("advmon_test_centered")
         assert len(instrumented) == 1 and "centered" in instrumented[0].estimator
-        # Registering the installed wrapper again is harmless: verl keeps it, and a call is recorded once.
-        wrapper = core_algos.ADV_ESTIMATOR_REGISTRY["grpo"]
+        # Registering the watched version (the module's attribute) again is harmless: verl's check finds it equal
+        # to what is registered, and a call is recorded once.
+        wrapper = core_algos.compute_grpo_outcome_advantage
         assert core_algos.register_adv_est("grpo")(wrapper) is wrapper
         assert core_algos.ADV_ESTIMATOR_REGISTRY["grpo"] is wrapper
         run_estimator("grpo")
         assert len(instrumented) == 2 and "grpo" in instrumented[1].estimator
+        advmon_verl.uninstrument()  # and undone: the registry holds verl's function again
+        assert core_algos.ADV_ESTIMATOR_REGISTRY["grpo"] is core_algos.compute_grpo_outcome_advantage
+        assert not is_watched(core_algos.ADV_ESTIMATOR_REGISTRY["grpo"])
     finally:
         core_algos.ADV_ESTIMATOR_REGISTRY.pop("advmon_test_centered", None)
 

@@ -28,7 +28,7 @@ from typing import Any
 import advmon.lifecycle as lifecycle
 from advmon.config.environment import Target, parse_targets
 from advmon.errors import AdvmonConfigError, warn
-from advmon.hooks import instrument, is_watched, watch_with
+from advmon.hooks import instrument, is_watched, watch_in_place
 from advmon.lifecycle import install_sigterm_flush
 
 __all__ = ["activate", "deactivate", "install_sigterm_flush", "watch_target"]
@@ -77,8 +77,8 @@ def watch_target(target: Target, module: ModuleType) -> None:
     if isinstance(value, type):
         instrument(value, None, target.method, target.names)
     elif callable(value):
-        if not is_watched(value):
-            setattr(owner, name, watch_with(value, None, target.names))
+        if not is_watched(value):  # what stood there stays equal to it (a framework's table may hold the function)
+            setattr(owner, name, watch_in_place(value, None, target.names))
     else:
         raise AdvmonConfigError(f"ADVMON_INSTRUMENT: {target.module}:{target.attribute} is not a class or function")
 

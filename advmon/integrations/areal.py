@@ -50,7 +50,7 @@ import torch
 
 from advmon.errors import AdvmonConfigError
 from advmon.hooks import ArgumentNames, active_call, tap, watch_with
-from advmon.integrations.patching import process_monitor, restore
+from advmon.integrations.patching import process_monitor, restore, switches
 from advmon.monitor import Monitor
 
 __all__ = ["ESTIMATOR", "current_step", "group_size_of", "instrument", "is_instrumented", "normalization_of",
@@ -140,8 +140,9 @@ def instrument(monitor: Monitor | None = None, *, group_size: int | None = None)
         group_size: the rows per prompt, where no ``NormConfig`` of the actor normalizes at group level
             (``None``: from the config, else no groups).
 
-    Instrumenting again is harmless (nothing is wrapped twice); to change the monitor or the group size,
-    :func:`uninstrument` first.
+    Instrumenting again is harmless (nothing is wrapped twice); again with another monitor moves every call to
+    it, with one warning (:func:`~advmon.integrations.patching.switches`; :func:`uninstrument` first switches
+    without it), and a ``group_size`` given again replaces the one installed.
     """
     global _installed
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
@@ -150,8 +151,14 @@ def instrument(monitor: Monitor | None = None, *, group_size: int | None = None)
     from areal.utils.data import Normalization
 
     with _lock:
-        if _installed is not None:
-            return _installed["monitor"]
+        installed = _installed
+    if installed is not None:
+        moved = switches("areal", installed["monitor"], monitor)
+        if not moved and (group_size is None or group_size == installed["group_size"]):
+            return installed["monitor"]
+        monitor = monitor if moved else installed["monitor"]
+        uninstrument()
+    with _lock:
         monitor = process_monitor(current_step) if monitor is None else monitor
         original = PPOActor.__dict__["_compute_advantages"]
         watched = watch_with(_advantage_step(original), monitor,
@@ -166,8 +173,8 @@ def instrument(monitor: Monitor | None = None, *, group_size: int | None = None)
         PPOActor._compute_advantages = _compute_advantages
         original_call = Normalization.__call__
         Normalization.__call__ = _tapping_call(original_call)
-        _installed = {"monitor": monitor, "patched": [(PPOActor, "_compute_advantages", original),
-                                                      (Normalization, "__call__", original_call)]}
+        patched = [(PPOActor, "_compute_advantages", original), (Normalization, "__call__", original_call)]
+        _installed = {"monitor": monitor, "group_size": group_size, "patched": patched}
         return monitor
 
 

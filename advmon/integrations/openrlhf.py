@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from advmon.hooks import ArgumentNames, active_call, tap, watch_with
-from advmon.integrations.patching import restore
+from advmon.integrations.patching import restore, switches
 from advmon.monitor import Monitor
 
 __all__ = ["ESTIMATOR", "MAKER", "NORMALIZATION", "instrument", "is_instrumented", "normalization_of", "uninstrument"]
@@ -99,15 +99,20 @@ def instrument(monitor: Monitor | None = None) -> Monitor | None:
         monitor: where records go. Default ``None``: the process-wide monitor, looked up at each call
             (in a Ray worker, built from ``ADVMON_*`` on the first recorded call).
 
-    Instrumenting again is harmless (nothing is wrapped twice); to change the monitor, :func:`uninstrument`
-    first.
+    Instrumenting again is harmless (nothing is wrapped twice); again with another monitor moves every call to
+    it, with one warning (:func:`~advmon.integrations.patching.switches`; :func:`uninstrument` first switches
+    without it).
     """
     global _installed
     from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
     with _lock:
-        if _installed is not None:
-            return _installed["monitor"]
+        installed = _installed
+    if installed is not None:
+        if not switches("openrlhf", installed["monitor"], monitor):
+            return installed["monitor"]
+        uninstrument()
+    with _lock:
         methods = {name: RemoteExperienceMaker.__dict__[name]
                    for name in ("compute_advantages_and_returns", "get_advantages_and_returns", "get_cumulative_returns")}
         original = methods["compute_advantages_and_returns"]

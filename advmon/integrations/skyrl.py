@@ -1,17 +1,22 @@
-"""SkyRL: watch every advantage estimator in SkyRL's registry, on every path SkyRL calls them by.
+"""SkyRL: watch every advantage estimator where SkyRL's trainer calls it, leaving SkyRL's registry as it is.
 
 SkyRL's trainer computes advantages with
 ``ppo_utils.compute_advantages_and_returns(token_level_rewards, response_mask, index,
 adv_estimator, config, values, grpo_norm_by_std, gamma, lambd)``, which looks the
 estimator up in ``AdvantageEstimatorRegistry`` (grpo, rloo, gae, reinforce++, maxrl, and
-any registered later) and calls it by keyword. :func:`instrument` wraps what the
-registry's ``get`` returns (so an estimator registered or re-registered later is watched
-when it is looked up) and every attribute of a loaded ``skyrl`` module that holds one of
-the registered functions, with SkyRL's argument names: ``token_level_rewards`` (summed
-per sequence), ``response_mask``, and ``index``, the batch's uids, as groups (SkyRL
-passes them to every estimator, REINFORCE++ and GAE included). The registry itself is
-not changed: with Ray running, SkyRL copies it to a named actor that other processes
-read, and advmon's wrappers stay out of it. :func:`uninstrument` puts everything back.
+any registered later) and calls it by keyword. :func:`instrument` watches that entry point,
+the one place the trainer calls: each call is recorded under the name of the estimator it
+looks up (so one registered or re-registered later is watched too), with SkyRL's argument
+names: ``token_level_rewards`` (summed per sequence), ``response_mask``, and ``index``, the
+batch's uids, as groups (SkyRL passes them to every estimator, REINFORCE++ and GAE
+included). Nothing SkyRL's public lookups give back changes: ``AdvantageEstimatorRegistry.get``,
+its ``_functions`` (which, with Ray running, SkyRL copies to a named actor other processes
+read) and the module's estimator functions stay the very objects registered, so they
+compare, hash and pickle as without advmon, and SkyRL's own registry tests pass
+instrumented. An estimator called directly (``ppo_utils.compute_grpo_outcome_advantage(...)``,
+``AdvantageEstimatorRegistry.get("grpo")(...)``) rather than through the entry point is not
+recorded: watch it with ``monitor.watch`` where you call it. :func:`uninstrument` puts
+everything back.
 
 What each estimator divides by (:data:`NORMALIZATION`, :mod:`advmon.normalization`)
 travels in its records, so the bound alert judges each by its own bound. GAE and
@@ -34,16 +39,18 @@ Example (with SkyRL installed)::
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import inspect
 import sys
 import threading
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from advmon.hooks import ArgumentNames, active_call, is_watched, tap, watch_with
-from advmon.integrations.patching import MISSING, restore
+from advmon.hooks import ArgumentNames, active_call, tap, watch_with
+from advmon.integrations.patching import restore, switches
 from advmon.monitor import Monitor
 
 __all__ = ["NORMALIZATION", "PPO_UTILS", "grpo_normalization", "instrument", "is_instrumented", "load_ppo_utils",
@@ -105,49 +112,78 @@ def _names_for(name: Any) -> ArgumentNames:
 
 
 def instrument(monitor: Monitor | None = None) -> Monitor | None:
-    """Watch every SkyRL advantage estimator; return the monitor records go to.
+    """Watch every SkyRL advantage estimator where the trainer calls it; return the monitor records go to.
 
     Args:
         monitor: where records go. Default ``None``: the process-wide monitor, looked up at
             each call (in a Ray worker, built from ``ADVMON_*`` on the first recorded call).
 
-    Instrumenting again is harmless (nothing is wrapped twice); to change the monitor,
-    :func:`uninstrument` first.
+    Instrumenting again is harmless (nothing is wrapped twice); again with another monitor moves every
+    watched call to it, with one warning (:func:`~advmon.integrations.patching.switches`;
+    :func:`uninstrument` first switches without it).
     """
     global _installed
     ppo_utils = load_ppo_utils()
     with _lock:
+        installed = _installed
+    if installed is not None:
+        if not switches("skyrl", installed["monitor"], monitor):
+            return installed["monitor"]
+        uninstrument()
+    with _lock:
         if _installed is not None:
             return _installed["monitor"]
-        registry = ppo_utils.AdvantageEstimatorRegistry
-        wrappers: dict[int, Any] = {}  # id(function) -> (function, wrapper): keeps the function alive
-        for name, fn in list(registry._functions.items()):
-            if not is_watched(fn):
-                wrappers[id(fn)] = (fn, watch_with(fn, monitor, _names_for(name)))
-        patched = _patch_module_attributes(wrappers)
-        patched.append(_wrap_lookup(registry, wrappers, monitor))
+        original = ppo_utils.compute_advantages_and_returns
+        entry = _watched_entry(ppo_utils.AdvantageEstimatorRegistry, original, monitor)
+        patched = _point_module_attributes(original, entry)
         patched.append(_tap_pre_whitening(ppo_utils))
         _installed = {"monitor": monitor, "patched": patched}
         return monitor
 
 
-def _wrap_lookup(registry: type, wrappers: dict[int, Any], monitor: Monitor | None) -> tuple[Any, str, Any]:
-    """``AdvantageEstimatorRegistry.get`` returns the watched estimator (wrapped on its first lookup)."""
-    own = registry.__dict__.get("get", MISSING)
-    original = registry.get  # bound to the class
+def _watched_entry(registry: type, original: Any, monitor: Monitor | None) -> Any:
+    """``compute_advantages_and_returns``, recording each call under the estimator it looks up.
 
-    def get(cls: type, name: Any) -> Any:
-        fn = original(name)
-        if is_watched(fn):
-            return fn
+    SkyRL's own function runs, with its own lookup: advmon only names the record after the estimator the
+    registry holds for ``adv_estimator`` (read from the registry's table, without a second Ray sync where
+    the name is known here) and reads SkyRL's arguments by name.
+    """
+    signature = inspect.signature(original)
+    steps: dict[tuple[int, str], tuple[Any, Any]] = {}  # (id(estimator), name) -> (estimator, watched step)
+
+    def step_for(name: Any) -> Any:
+        key = str(getattr(name, "value", name))
+        estimator = registry._functions.get(key)
+        if estimator is None:
+            estimator = registry.get(name)  # registered in another process: SkyRL syncs it here
         with _lock:
-            if id(fn) not in wrappers:
-                wrappers[id(fn)] = (fn, watch_with(fn, monitor, _names_for(name)))
-            return wrappers[id(fn)][1]
+            entry = steps.get((id(estimator), key))
+            if entry is None or entry[0] is not estimator:
+                step = watch_with(_named_after(estimator, original, signature), monitor, _names_for(key))
+                entry = steps[(id(estimator), key)] = (estimator, step)
+            return entry[1]
 
-    get.__wrapped__ = original  # type: ignore[attr-defined]
-    registry.get = classmethod(get)  # type: ignore[method-assign,assignment]
-    return (registry, "get", own)
+    @functools.wraps(original)
+    def compute_advantages_and_returns(*args: Any, **kwargs: Any) -> Any:
+        try:
+            step = step_for(signature.bind(*args, **kwargs).arguments["adv_estimator"])
+        except Exception:  # noqa: BLE001 - an unknown estimator, bad arguments: SkyRL's own call says so
+            return original(*args, **kwargs)
+        return step(*args, **kwargs)
+
+    return compute_advantages_and_returns
+
+
+def _named_after(estimator: Any, original: Any, signature: inspect.Signature) -> Any:
+    """SkyRL's entry point, as advmon watches it: its own call, named after the estimator it runs."""
+
+    def advantage_step(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **kwargs)
+
+    for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(advantage_step, attribute, getattr(estimator, attribute, getattr(original, attribute)))
+    advantage_step.__signature__ = signature  # type: ignore[attr-defined]  # the entry point's parameters
+    return advantage_step
 
 
 def _tap_pre_whitening(ppo_utils: ModuleType) -> tuple[Any, str, Any]:
@@ -165,22 +201,21 @@ def _tap_pre_whitening(ppo_utils: ModuleType) -> tuple[Any, str, Any]:
     return (ppo_utils, "masked_whiten", original)
 
 
-def _patch_module_attributes(wrappers: dict[int, Any]) -> list[tuple[Any, str, Any]]:
-    """Point every attribute of a loaded skyrl module that holds a registered estimator at its wrapper."""
+def _point_module_attributes(original: Any, entry: Any) -> list[tuple[Any, str, Any]]:
+    """Point every attribute of a loaded skyrl module that holds the entry point at its watched version."""
     patched = []
     for module_name, module in list(sys.modules.items()):
         if module is None or not (module_name == "skyrl" or module_name.startswith("skyrl.")):
             continue
         for attribute, value in list(vars(module).items()):
-            entry = wrappers.get(id(value))
-            if entry is not None and entry[0] is value:
-                setattr(module, attribute, entry[1])
+            if value is original:
+                setattr(module, attribute, entry)
                 patched.append((module, attribute, value))
     return patched
 
 
 def uninstrument() -> None:
-    """Undo :func:`instrument`: the registry's lookup, module attributes and ``masked_whiten`` are SkyRL's again."""
+    """Undo :func:`instrument`: ``compute_advantages_and_returns`` and ``masked_whiten`` are SkyRL's again."""
     global _installed
     with _lock:
         if _installed is None:

@@ -3,10 +3,13 @@
 verl 0.9's ``ray_trainer.compute_advantage`` calls GAE and GRPO as attributes of
 ``core_algos`` and every other estimator through ``get_adv_estimator_fn(name)``
 (the ``ADV_ESTIMATOR_REGISTRY``); GDPO calls the module's GRPO once per reward key.
-:func:`instrument` wraps the registry's entries, every attribute of a loaded
-``verl`` module that holds one of those functions, and ``get_adv_estimator_fn``
-itself (so an estimator registered later is watched when it is looked up), with
-verl's argument names. :func:`uninstrument` puts everything back.
+:func:`instrument` points every attribute of a loaded ``verl`` module that holds a
+registered estimator at its watched version, and makes ``get_adv_estimator_fn`` give
+back the watched version of what it finds (so an estimator registered later is watched
+when it is looked up), with verl's argument names. The registry itself keeps what was
+registered, and each watched version is equal to and hashes like its function
+(:func:`advmon.hooks.watch_in_place`): verl's re-registration check and any comparison
+see the function. :func:`uninstrument` puts everything back.
 
 Nested calls record once: GDPO's inner GRPO calls belong to the GDPO record.
 The batch's ``data_source`` (``non_tensor_batch``) slices every record, and GDPO's
@@ -38,8 +41,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from advmon.hooks import ArgumentNames, active_call, grouped_by, is_watched, scored_by, sliced_by, tap, watch_with
-from advmon.integrations.patching import process_monitor, restore
+from advmon.hooks import (ArgumentNames, active_call, grouped_by, is_watched, scored_by, sliced_by, tap,
+                          watch_in_place)
+from advmon.integrations.patching import process_monitor, restore, switches
 from advmon.monitor import Monitor, get_monitor
 
 __all__ = ["NORMALIZATION", "current_step", "install", "instrument", "is_instrumented", "uninstrument"]
@@ -101,57 +105,62 @@ def instrument(monitor: Monitor | None = None) -> Monitor:
         monitor: where records go. Default: the process-wide monitor, created as
             ``Monitor(step_source=current_step)`` if there is none yet.
 
-    Instrumenting again is harmless (nothing is wrapped twice); to change the
-    monitor, :func:`uninstrument` first.
+    Instrumenting again is harmless (nothing is wrapped twice); again with another monitor moves every watched
+    call to it, with one warning (:func:`~advmon.integrations.patching.switches`; :func:`uninstrument` first
+    switches without it).
     """
     with _lock:
         installed = _installed
     if installed is not None:
-        return installed["monitor"] or get_monitor()  # installed for the process-wide monitor
+        if not switches("verl", installed["monitor"], monitor):
+            return installed["monitor"] or get_monitor()  # installed for the process-wide monitor
+        uninstrument()
     return install(process_monitor(current_step) if monitor is None else monitor)  # type: ignore[return-value]
 
 
 def install(monitor: Monitor | None) -> Monitor | None:
     """:func:`instrument` without creating anything: ``None`` records to the process-wide
     monitor, built from ``ADVMON_*`` on the first recorded call (what a Ray worker's
-    setup hook uses, see :mod:`advmon.integrations.ray`)."""
+    setup hook uses, see :mod:`advmon.integrations.ray`).
+
+    The registry keeps what was registered. ``get_adv_estimator_fn`` and the module attributes that
+    hold an estimator give back its watched version (:func:`advmon.hooks.watch_in_place`), one per
+    function, equal to and hashing like it: verl's ``register_adv_est`` check (``registry[name] != fn``)
+    and anyone comparing with the registered function see the same function as without advmon.
+    """
     global _installed
     from verl.trainer.ppo import core_algos
 
     with _lock:
         if _installed is not None:
             return _installed["monitor"]
-        registry = core_algos.ADV_ESTIMATOR_REGISTRY
-        wrappers: dict[int, Any] = {}
-        originals: dict[int, Any] = {}
-        saved_registry = dict(registry)
-        for name, fn in registry.items():
+        watched: dict[int, tuple[Any, Any]] = {}  # id(function) -> (function, its watched version)
+
+        def watched_version(fn: Any, name: str) -> Any:
             if is_watched(fn):
-                continue
-            wrapper = watch_with(fn, monitor, _names_for(name))
-            wrappers[id(fn)], originals[id(fn)] = wrapper, fn
-            registry[name] = wrapper
-        patched = _patch_module_attributes(wrappers)
+                return fn
+            entry = watched.get(id(fn))
+            if entry is None or entry[0] is not fn:
+                entry = watched[id(fn)] = (fn, watch_in_place(fn, monitor, _names_for(name)))
+            return entry[1]
+
+        for name, fn in core_algos.ADV_ESTIMATOR_REGISTRY.items():
+            watched_version(fn, name)
+        patched = _patch_module_attributes(watched)
         original_lookup = core_algos.get_adv_estimator_fn
-        later: dict[int, Any] = {}
 
         def get_adv_estimator_fn(name_or_enum):
             fn = original_lookup(name_or_enum)
-            if is_watched(fn):
-                return fn
-            # Registered after instrument(): wrap it now, once.
             name = getattr(name_or_enum, "value", name_or_enum)
             with _lock:
-                if id(fn) not in later:
-                    later[id(fn)] = (fn, watch_with(fn, monitor, _names_for(str(name))))
-                return later[id(fn)][1]
+                return watched_version(fn, str(name))
 
         get_adv_estimator_fn.__wrapped__ = original_lookup  # type: ignore[attr-defined]
         core_algos.get_adv_estimator_fn = get_adv_estimator_fn
         patched.append((core_algos, "get_adv_estimator_fn", original_lookup))
         patched.append(_tap_gae_pre_whitening())
         patched += _pass_batch_context()
-        _installed = {"monitor": monitor, "registry": saved_registry, "patched": patched, "later": later}
+        _installed = {"monitor": monitor, "patched": patched, "watched": watched}
         return monitor
 
 
@@ -199,22 +208,23 @@ def _pass_batch_context() -> list[tuple[Any, str, Any]]:
     return [(ray_trainer, "compute_advantage", original)]
 
 
-def _patch_module_attributes(wrappers: dict[int, Any]) -> list[tuple[Any, str, Any]]:
-    """Point every attribute of a loaded verl module that holds an estimator at its wrapper."""
+def _patch_module_attributes(watched: dict[int, tuple[Any, Any]]) -> list[tuple[Any, str, Any]]:
+    """Point every attribute of a loaded verl module that holds an estimator at its watched version."""
     patched = []
     for module_name, module in list(sys.modules.items()):
         if module is None or not (module_name == "verl" or module_name.startswith("verl.")):
             continue
         for attribute, value in list(vars(module).items()):
-            wrapper = wrappers.get(id(value))
-            if wrapper is not None:
-                setattr(module, attribute, wrapper)
+            entry = watched.get(id(value))
+            if entry is not None and entry[0] is value:
+                setattr(module, attribute, entry[1])
                 patched.append((module, attribute, value))
     return patched
 
 
 def uninstrument() -> None:
-    """Undo :func:`instrument`: the registry, module attributes and lookup are verl's own again."""
+    """Undo :func:`instrument`: module attributes and lookup are verl's own again, and a watched version
+    registered meanwhile (``register_adv_est(name)(core_algos.compute_grpo_outcome_advantage)``) is its function."""
     global _installed
     from verl.trainer.ppo import core_algos
 
@@ -223,8 +233,10 @@ def uninstrument() -> None:
             return
         restore(_installed["patched"])
         registry = core_algos.ADV_ESTIMATOR_REGISTRY
-        for name, fn in _installed["registry"].items():
-            registry[name] = fn
+        ours = {id(version): fn for fn, version in _installed["watched"].values()}
+        for name, fn in list(registry.items()):
+            if id(fn) in ours:
+                registry[name] = ours[id(fn)]
         _installed = None
 
 
