@@ -21,10 +21,10 @@ import pytest
 import torch
 
 import advmon
+from advmon.alerts import AlertmanagerSettings, AlertSettings, generate
 from advmon.cli import main
 from advmon.errors import AdvmonConfigError, AdvmonWarning
 from advmon.monitor import monitor_from_environment
-from advmon.alerts import AlertmanagerSettings, AlertSettings, generate
 from advmon.record import Record
 from advmon.reports.compare import compare_runs, within_rounding
 from advmon.rules import Thresholds
