@@ -408,3 +408,23 @@ def test_nemo_rl_classes_and_instances_instrumented_again_move_to_the_new_monito
     second = instrument_twice(sink.monitor, lambda monitor: advmon.instrument(estimator, monitor),
                               lambda: estimator.compute_advantage(prompt_ids, rewards, torch.ones(16, 3)))
     assert (len(sink.records), len(second.records)) == (0, 1)
+
+
+def test_an_areal_group_size_that_does_not_divide_the_batch_makes_no_groups(sink):
+    require_module("areal")
+    import advmon.integrations.areal as advmon_areal
+    from tests.test_integration_areal import batch, config
+    from areal.trainer.ppo.actor import PPOActor
+
+    given = {key: value[:18] for key, value in batch(0).items()}  # 18 rows, groups of 4 given: 4.5 groups
+    advmon_areal.instrument(sink.monitor, group_size=4)
+    try:
+        with pytest.warns(advmon.AdvmonWarning, match="group size 4 does not divide the batch of 18 rows"):
+            PPOActor(config("reinforce"), engine=None)._compute_advantages(given)
+            sink.monitor.flush()
+    finally:
+        advmon_areal.uninstrument()
+    (record,) = sink.records
+    assert record.metrics["groups/count"] == 0.0 and record.metrics["advmon/internal_errors"] == 1.0
+    expected = value_stats(given["rewards"].numpy().astype(np.float64))
+    assert_stats_close(record.metrics, {k: expected[k] for k in ("mean", "std", "min", "max", "count")}, "rewards/")

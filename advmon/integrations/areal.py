@@ -52,6 +52,7 @@ from advmon.errors import AdvmonConfigError
 from advmon.hooks import ArgumentNames, active_call, tap, watch_with
 from advmon.integrations.patching import process_monitor, restore, switches
 from advmon.monitor import Monitor
+from advmon.observation import Problem
 
 __all__ = ["ESTIMATOR", "current_step", "group_size_of", "instrument", "is_instrumented", "normalization_of",
            "uninstrument"]
@@ -181,7 +182,11 @@ def instrument(monitor: Monitor | None = None, *, group_size: int | None = None)
 def _advantage_step(original: Any) -> Any:
     """What advmon watches: AReaL's own method, with the inputs advmon reads as named parameters."""
 
-    def advantage_step(actor: Any, data: dict[str, Any], rewards: Any, loss_mask: Any, groups: Any) -> dict[str, Any]:
+    def advantage_step(actor: Any, data: dict[str, Any], rewards: Any, loss_mask: Any, groups: Any,
+                       unusable_groups: str | None = None) -> dict[str, Any]:
+        call = active_call()
+        if unusable_groups is not None and call is not None:  # said once and counted by the monitor
+            call.problems.append(Problem("group_size_indivisible", unusable_groups))
         return original(actor, data)
 
     # Records name AReaL's method, not this adapter.
@@ -203,16 +208,22 @@ def _tapping_call(original: Any) -> Any:
     return __call__
 
 
-def _inputs(actor: Any, data: Any, group_size: int | None) -> tuple[Any, Any, np.ndarray | None]:
-    """The step's rewards, the loss mask its advantages belong to, and the group of each row."""
+def _inputs(actor: Any, data: Any, group_size: int | None) -> tuple[Any, Any, np.ndarray | None, str | None]:
+    """The step's rewards, the loss mask its advantages belong to, the group of each row, and why there are no
+    groups where a size was given (one that does not divide the batch makes none: a short last group is wrong)."""
     if not isinstance(data, Mapping):
-        return None, None, None
+        return None, None, None, None
     rewards, loss_mask = data.get("rewards"), data.get("loss_mask")
     if loss_mask is not None:  # as the step rolls it: advantage t is token t + 1's
         loss_mask = torch.roll(loss_mask.float(), shifts=-1, dims=-1)
     size = group_size if group_size is not None else group_size_of(actor)
-    groups = np.arange(len(rewards)) // size if size is not None and rewards is not None else None
-    return rewards, loss_mask, groups
+    if size is None or rewards is None:
+        return rewards, loss_mask, None, None
+    if len(rewards) % size:
+        return rewards, loss_mask, None, (
+            f"AReaL's group size {size} does not divide the batch of {len(rewards)} rows (a last group of "
+            f"{len(rewards) % size} would be a wrong one): this call has no group statistics")
+    return rewards, loss_mask, np.arange(len(rewards)) // size, None
 
 
 def _remember_step(actor: Any) -> None:
