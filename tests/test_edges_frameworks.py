@@ -428,3 +428,40 @@ def test_an_areal_group_size_that_does_not_divide_the_batch_makes_no_groups(sink
     assert record.metrics["groups/count"] == 0.0 and record.metrics["advmon/internal_errors"] == 1.0
     expected = value_stats(given["rewards"].numpy().astype(np.float64))
     assert_stats_close(record.metrics, {k: expected[k] for k in ("mean", "std", "min", "max", "count")}, "rewards/")
+
+
+def test_patched_methods_keep_their_names_docstrings_and_signatures(sink):
+    """AReaL's, OpenRLHF's and NeMo-RL's estimators are methods advmon replaces on their class: what a framework
+    or a tool reads of them (name, module, qualified name, docstring, signature) is the method's own."""
+    import inspect
+
+    require_module("areal")
+    require_module("openrlhf")
+    import advmon.integrations.areal as advmon_areal
+    import advmon.integrations.openrlhf as advmon_openrlhf
+    from areal.trainer.ppo.actor import PPOActor
+    from tests.nemo_like import GRPOAdvantageEstimator
+    from tests.test_integration_openrlhf import RemoteExperienceMaker
+
+    class Estimator(GRPOAdvantageEstimator):
+        def compute_advantage(self, prompt_ids, rewards, mask, **kwargs):
+            """NeMo-RL's GRPO."""
+            return super().compute_advantage(prompt_ids, rewards, mask, **kwargs)
+
+    methods = [(PPOActor, "_compute_advantages"), (RemoteExperienceMaker, "compute_advantages_and_returns"),
+               (Estimator, "compute_advantage")]
+    attributes = ("__name__", "__qualname__", "__module__", "__doc__")
+
+    def described() -> list[tuple]:
+        return [(*(getattr(getattr(cls, name), a) for a in attributes), inspect.signature(getattr(cls, name)))
+                for cls, name in methods]
+
+    before = described()
+    advmon_areal.instrument(sink.monitor)
+    advmon_openrlhf.instrument(sink.monitor)
+    advmon.instrument(Estimator, sink.monitor)
+    try:
+        assert described() == before
+    finally:
+        advmon_areal.uninstrument()
+        advmon_openrlhf.uninstrument()
