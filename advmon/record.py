@@ -5,7 +5,7 @@ are the contract that sinks, dashboards and alerts rely on:
 
 * ``rewards/{mean,std,min,max,count,nan_count,inf_count}`` (per sequence);
 * ``advantages/pre_norm/{...}`` and ``advantages/post_norm/{...}`` with
-  :data:`advmon.stats.VALUE_KEYS`, and ``advantages/bound_ratio``: the step's
+  :data:`VALUE_KEYS`, and ``advantages/bound_ratio``: the step's
   |A| over what its normalization allows (:mod:`advmon.normalization`);
 * ``groups/{count,singleton_count,comparable_count,zero_std_count,zero_std_fraction,nonfinite_count,max_size,bound_size}``
   and, with a reward range, ``groups/{all_low_fraction,all_high_fraction}``;
@@ -17,9 +17,12 @@ are the contract that sinks, dashboards and alerts rely on:
 Beside the metrics, ``exemplars`` lists the step's worst prompt groups
 (``Monitor(exemplars=k)``; docs/drilldown.md), worst first, and ``histograms``
 holds the pre- and post-norm advantages' distributions (``Monitor(histograms=...)``;
-:mod:`advmon.stats.histograms`).
+:class:`Histogram`, made by :mod:`advmon.stats.histograms`).
 
-Unavailable values are ``nan`` in memory and ``null`` in JSON.
+Unavailable values are ``nan`` in memory and ``null`` in JSON. What a record holds
+(its keys, its histogram type) is defined here, in plain Python: the statistics
+engine imports it to write records, and every reader (``advmon report``,
+``compare``, ``summary``, :mod:`advmon.runs`) reads records without the engine or torch.
 """
 
 from __future__ import annotations
@@ -31,14 +34,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from advmon.stats import GROUP_COUNT_FIELDS, VALUE_KEYS, Histogram
-
 __all__ = [
     "EXEMPLAR_COLUMNS",
+    "GROUP_COUNT_FIELDS",
+    "PERCENTILES",
     "REWARD_KEYS",
     "SLICE_KEYS",
     "TROUBLE_REASONS",
+    "VALUE_KEYS",
     "ExemplarSchedule",
+    "Histogram",
     "Record",
     "abs_max",
     "exemplar_rows",
@@ -47,8 +52,64 @@ __all__ = [
     "stage_metrics",
 ]
 
+#: The percentiles a stage reports: (key, quantile), NumPy's linear definition.
+PERCENTILES: tuple[tuple[str, float], ...] = (
+    ("p01", 0.01),
+    ("p10", 0.10),
+    ("p50", 0.50),
+    ("p90", 0.90),
+    ("p99", 0.99),
+)
+#: A stage's statistics (``advantages/pre_norm/<key>``, ``advantages/post_norm/<key>``, slices').
+VALUE_KEYS: tuple[str, ...] = (
+    "mean",
+    "std",
+    "min",
+    "max",
+    "abs_mean",
+    "count",
+    "nan_count",
+    "inf_count",
+) + tuple(name for name, _ in PERCENTILES)
 REWARD_KEYS = ("mean", "std", "min", "max", "count", "nan_count", "inf_count")
+#: A call's group counts, in the order the engine sums them across calls (``max_size`` by ``max``).
+GROUP_COUNT_FIELDS = (
+    "groups",
+    "singletons",
+    "with_two_finite",
+    "zero_std",
+    "nonfinite",
+    "all_low",
+    "all_high",
+    "max_size",
+)
 _FIELD = {name: i for i, name in enumerate(GROUP_COUNT_FIELDS)}
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Counts of finite values in bins ``[edges[i], edges[i + 1])``, ``edges`` increasing.
+
+    Example:
+        >>> h = Histogram((0.0, 0.5, 1.0), (3.0, 1.0))
+        >>> h.total, h.to_dict(), Histogram.from_dict(h.to_dict()) == h
+        (4.0, {'edges': [0.0, 0.5, 1.0], 'counts': [3, 1]}, True)
+    """
+
+    edges: tuple[float, ...]
+    counts: tuple[float, ...]
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.counts))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Compact JSON: the edges, and whole counts as integers."""
+        return {"edges": list(self.edges), "counts": [int(c) if float(c).is_integer() else c for c in self.counts]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Histogram:
+        return cls(tuple(float(e) for e in data["edges"]), tuple(float(c) for c in data["counts"]))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import advmon
 from advmon.stats import statistics_path
-from advmon.stats import MAX_BINS, coarsened
+from advmon.stats import MAX_BINS, coarsened, dense_part, summarize_with_histogram
 
 from .conftest import ListSink
 from .sketches import prefix_mask
@@ -77,6 +77,24 @@ def test_histograms_match_numpy(path, layout, sketched, monkeypatch):
     assert_histogram_matches(record.histograms["pre_norm"], pre_norm)
 
 
+def uniform_edges(level: int, first: int, bins: int) -> list[float]:
+    """Edges of ``bins`` fine bins of width ``2**level`` from bin ``first`` (the old sketch's bins)."""
+    return [math.ldexp(first + k, level) for k in range(bins + 1)]
+
+
+def test_a_bulk_beside_an_exploding_advantage_keeps_its_resolution_in_relative_buckets():
+    """The sketch's own buckets (relative, 128 per octave): one value at 1e6 leaves the bulk's bins fine."""
+    rng = np.random.default_rng(5)
+    values = np.concatenate([rng.standard_normal(300_000), [1e6]])
+    summary, histogram = summarize_with_histogram([dense_part(torch.from_numpy(values).unsqueeze(0), None)])
+    assert histogram.total == values.size and len(histogram.counts) <= MAX_BINS
+    edges = np.array(histogram.edges)
+    bulk = (edges[:-1] >= -5) & (edges[1:] <= 5)
+    assert np.array(histogram.counts)[bulk].sum() >= 0.999 * 300_000 and bulk.sum() >= 20
+    assert edges[-2] <= 1e6 < edges[-1]
+    assert_histogram_matches(histogram, values)
+
+
 def sparse_counts():
     """Fine histograms as the sketch leaves them: a bulk, empty stretches, a few far outliers."""
     return st.lists(st.one_of(st.just(0), st.just(0), st.integers(1, 9), st.integers(0, 1000)), min_size=1,
@@ -86,7 +104,7 @@ def sparse_counts():
 @settings(max_examples=200, deadline=None)
 @given(counts=sparse_counts(), first=st.integers(-3000, 3000), level=st.integers(-40, 40), max_bins=st.integers(1, 64))
 def test_coarsened_bins_are_fine_bins_merged_and_keep_every_count(counts, first, level, max_bins):
-    histogram = coarsened(level, counts, first, max_bins)
+    histogram = coarsened(uniform_edges(level, first, len(counts)), counts, max_bins)
     if not any(counts):
         assert histogram is None
         return
@@ -108,7 +126,7 @@ def test_the_bulk_keeps_its_resolution_beside_far_outliers():
     values = np.concatenate([rng.normal(0, 1, 100_000), [7428.4, -3184.0, 6000.0]])
     level, first = -3, math.floor(values.min() * 8)  # 1/8-wide fine bins, as a sketch of this range has at most
     counts = np.bincount(np.floor(values * 8).astype(np.int64) - first)
-    histogram = coarsened(level, counts, first)
+    histogram = coarsened(uniform_edges(level, first, len(counts)), counts)
     edges = np.array(histogram.edges)
     bulk = (edges[:-1] >= -5) & (edges[1:] <= 5)
     assert np.array(histogram.counts)[bulk].sum() >= 0.999 * 100_000 and bulk.sum() >= 30  # most bins on the bulk
@@ -151,7 +169,7 @@ def test_on_by_default_only_where_a_sink_takes_them(tmp_path, monkeypatch):
 
 def test_one_bin_for_a_stretch_across_zero():
     """No power-of-two bin aligned to its size holds [-1, 1): a single bin must still come out (it used to loop)."""
-    histogram = coarsened(0, [1, 0, 0, 1], -2, max_bins=1)
+    histogram = coarsened(uniform_edges(0, -2, 4), [1, 0, 0, 1], max_bins=1)
     assert histogram.edges == (-2.0, 2.0) and histogram.counts == (2.0,)
-    histogram = coarsened(0, [1] * 40 + [0] * 500 + [1] * 40, -290, max_bins=4)
+    histogram = coarsened(uniform_edges(0, -290, 580), [1] * 40 + [0] * 500 + [1] * 40, max_bins=4)
     assert histogram.total == 80 and len(histogram.counts) <= 4

@@ -189,3 +189,26 @@ def test_alerts_sink_still_resolves():
     assert "AlertSink" in dir(advmon.alerts)
     with pytest.raises(AttributeError):
         advmon.alerts.NoSuchName  # noqa: B018
+
+
+def test_reading_a_recorded_run_leaves_torch_and_the_engine_out(tmp_path: Path):
+    """Issue 36, item 5: the record's words need no engine, so ``advmon report``, ``compare`` and ``summary``
+    (and every reader behind them) load neither torch nor ``advmon.stats``. One fresh interpreter runs all three."""
+    from advmon.simulation import RunSpec, simulate
+
+    specs = [RunSpec("grpo_binary", seed=seed, steps=24, onset=30, prompts=4) for seed in (0, 1)]
+    for spec in specs:
+        simulate(spec, tmp_path)
+    a, b = (str(tmp_path / f"{spec.name}.jsonl") for spec in specs)
+    loaded = _run("""
+        import json, sys
+        from advmon.cli import main
+        codes = [main(["summary", sys.argv[1]]), main(["report", sys.argv[1], "--out", sys.argv[3]]),
+                 main(["compare", sys.argv[1], sys.argv[2]])]
+        print(json.dumps({"codes": codes, "torch": "torch" in sys.modules,
+                          "engine": sorted(m for m in sys.modules if m.startswith("advmon.stats"))}))
+    """, a, b, str(tmp_path / "a.html"))
+    assert loaded["codes"][:2] == [0, 0] and loaded["codes"][2] in (0, 1), loaded
+    assert (tmp_path / "a.html").exists()
+    assert not loaded["torch"], "advmon summary/report/compare import torch"
+    assert loaded["engine"] == [], loaded["engine"]

@@ -14,9 +14,16 @@ from hypothesis.extra import numpy as hnp
 
 from advmon import stats
 from advmon.stats import cpu_sketch, parts, sketch_format, summaries
-from advmon.stats import dense_part, host_level, row_valid_counts, summarize, value_part
+from advmon.stats import dense_part, row_valid_counts, summarize, value_part
+from advmon.stats.device_sketch import device_window
 
-from .reference import PERCENTILES, SKETCHED_PERCENTILE_RANGE_FRACTION, assert_stats_close, value_stats
+from .reference import (
+    PERCENTILES,
+    SKETCHED_PERCENTILE_RELATIVE_ERROR,
+    assert_stats_close,
+    percentile_bounds,
+    value_stats,
+)
 from .sketches import float_arrays as float_arrays_of
 
 
@@ -86,39 +93,34 @@ def test_large_inputs_are_sketched_within_tolerance(name):
 
 
 def test_the_percentile_check_is_the_documented_promise():
-    """Percentiles up to the promised 1/512 of the range from NumPy's pass; a hair beyond it they fail."""
+    """Percentiles up to the promised share of their order statistics' magnitude pass; a hair beyond they fail."""
     docs = Path(__file__).resolve().parents[1] / "docs"
-    assert "`(max - min) / 512` wide: percentiles within that width" in " ".join((docs / "api.md").read_text().split())
-    assert SKETCHED_PERCENTILE_RANGE_FRACTION == 1 / 512
+    promise = "each widened by 0.8% of its own magnitude"
+    assert promise in " ".join((docs / "api.md").read_text().split())
+    assert SKETCHED_PERCENTILE_RELATIVE_ERROR == 0.008
     x, valid = large_input("normal")
-    expected = value_stats(x, valid)
-    width = SKETCHED_PERCENTILE_RANGE_FRACTION * (expected["max"] - expected["min"])
-    for shift in (-0.99, 0.99):
-        assert_stats_close({**expected, **{k: expected[k] + shift * width for k in PERCENTILES}}, expected,
-                           exact_percentiles=False)
-    for shift in (-1.01, 1.01):
-        for name in PERCENTILES:
+    expected = value_stats(x + 5.0, valid)  # every order statistic positive and far above the tiny buckets
+    for name in PERCENTILES:
+        lowest, highest = percentile_bounds(expected, name)
+        low, high = expected.order_bounds[name]
+        assert lowest < low * (1 - 0.0079) and highest > high * (1 + 0.0079)  # all positive here
+        assert_stats_close({**expected, name: lowest}, expected, exact_percentiles=False)
+        assert_stats_close({**expected, name: highest}, expected, exact_percentiles=False)
+        for wrong in (low * (1 - 0.0081), high * (1 + 0.0081)):
             with pytest.raises(AssertionError, match=f"^{name}: advmon"):
-                assert_stats_close({**expected, name: expected[name] + shift * width}, expected,
-                                   exact_percentiles=False)
+                assert_stats_close({**expected, name: wrong}, expected, exact_percentiles=False)
 
 
 @pytest.mark.parametrize("name", LARGE_INPUTS)
-def test_a_sketch_biased_by_0_35_percent_of_the_range_fails(name, monkeypatch):
-    """0.35% of the range: inside the 0.5% the check allowed before issue 31, outside the promise (1/512)."""
-    x, valid = large_input(name)
-    got = summarize([dense_part(torch.from_numpy(x), torch.from_numpy(valid))])
-    expected = value_stats(x, valid)
-    bias = 0.0035 * (expected["max"] - expected["min"])
-    for key in PERCENTILES:
-        with pytest.raises(AssertionError, match=f"^{key}: advmon"):
-            assert_stats_close({**got, key: got[key] + bias}, expected, exact_percentiles=False)
-
+def test_a_sketch_biased_by_1_percent_fails(name, monkeypatch):
+    """A sketch that reads each percentile 1% of its magnitude too far out (plus a hair at zero) is caught."""
     real = summaries._histogram_percentiles
 
-    def biased(n, counts, first, level, low, high):  # the sketch itself reads its percentiles 0.35% high
-        return {key: value + 0.0035 * (high - low) for key, value in real(n, counts, first, level, low, high).items()}
+    def biased(n, counts, top, low, high):
+        return {key: value * 1.01 + (1e-9 if value >= 0 else -1e-9) for key, value in
+                real(n, counts, top, low, high).items()}
 
+    _check_large_input(name)
     monkeypatch.setattr(summaries, "_histogram_percentiles", biased)
     with pytest.raises(AssertionError, match=r"^p\d\d: advmon"):
         _check_large_input(name)
@@ -149,8 +151,7 @@ def test_a_std_or_mean_off_by_1e_4_of_the_std_fails(name, monkeypatch):
 def test_a_sketch_summing_squares_without_a_shift_fails(monkeypatch):
     """The textbook sum(x^2) / n - mean^2 loses u (mean / std)^2 of the variance: 2e-4 of the offset case's std,
     which 1e-9 of the data's magnitude (1e-3 of that std) let through."""
-    real = cpu_sketch.binning
-    monkeypatch.setattr(cpu_sketch, "binning", lambda low, high: real(low, high)._replace(center=torch.zeros_like(low)))
+    monkeypatch.setattr(cpu_sketch, "_center", lambda low, high: torch.zeros_like(low))
     with pytest.raises(AssertionError, match="^(mean|std): advmon"):
         _check_large_input("offset")
 
@@ -287,18 +288,21 @@ def test_row_valid_counts_of_a_large_mask_read_in_chunks_with_nan_rows():
 
 
 @settings(max_examples=300, deadline=None)
-@given(low=st.floats(-1e300, 1e300) | st.sampled_from([0.0, -1e-320, 5e-324]), width=st.floats(0, 1e300))
-def test_host_and_device_agree_on_the_histogram_level(low, width):
+@given(low=st.floats(-1e308, 1e308) | st.sampled_from([0.0, -1e-320, 5e-324, 1e-45, -3.4e38]),
+       width=st.floats(0, 1e308))
+def test_host_and_device_agree_on_the_scale_and_top_bucket(low, width):
     high = low + width
     if not math.isfinite(high):
         return
-    level = sketch_format.binning(torch.tensor(low, dtype=torch.float64), torch.tensor(high, dtype=torch.float64)).level
-    assert int(level) == host_level(low, high)
-    if high > low:
-        bin_width = math.ldexp(1.0, host_level(low, high))
-        # At most range / SKETCH_BINS, unless values are within 2**-50 of each other
-        # relatively, where the int64 bound raises it (bins then hold one value each).
-        assert bin_width <= (high - low) / stats.SKETCH_BINS or bin_width <= max(abs(low), abs(high)) * 2**-60
+    largest = max(-low, high)
+    scale = sketch_format.scale_exponent(largest)
+    window = device_window(torch.tensor(low, dtype=torch.float64), torch.tensor(high, dtype=torch.float64))
+    assert [int(window.highest), int(window.scale)] == [sketch_format.highest_position(largest, scale), scale]
+    # The largest value lies in the top bucket, whose lower edge is at most 1/128 below it.
+    scaled = math.ldexp(largest, scale)
+    if largest > 2.0**-1000 and 2.0**-126 <= abs(float(np.float32(scaled))) < 2.0**127:
+        below, lower, upper = sketch_format.bucket_edges(sketch_format.top_position(largest, scale), 0)
+        assert lower <= float(np.float32(scaled)) * 2.0**-scale < upper
 
 
 def test_percentiles_follow_numpy_linear_interpolation_exactly():
@@ -320,19 +324,23 @@ def test_one_pass_and_two_pass_sketches_agree(masked):
     a, b = summarize([one]), summarize([two])
     for key in a:
         assert a[key] == pytest.approx(b[key], rel=1e-12, abs=1e-12), key
-    # Same level, so the same bins once aligned on their offsets.
-    shift = int(one.tensors[0][-1] - two.tensors[0][-1])
-    h1, h2 = one.tensors[1].numpy(), two.tensors[1].numpy()
-    aligned = np.zeros(h1.size + abs(shift) + 1)
-    aligned[shift if shift > 0 else 0 :][: h1.size] += h1
-    aligned[0 if shift > 0 else -shift :][: h2.size] -= h2
-    assert not aligned.any()
+    np.testing.assert_array_equal(one.tensors[1].numpy(), two.tensors[1].numpy())  # the same buckets, bucket for bucket
+    assert one.tensors[0][sketch_format._TOP] == two.tensors[0][sketch_format._TOP]
 
 
-def test_one_pass_declines_when_padding_widens_the_range():
-    x = torch.randn(300, 257)
+def test_excluded_outliers_change_no_bucket_and_values_beyond_float32_take_two_passes():
+    """Buckets need no range: padding holding 1e6 changes no bucket (the one pass declines for the moments'
+    sake); float64 values past float32's range (or below its normal one) are scaled first, in two passes."""
+    x = torch.randn(300, 257, dtype=torch.float64)
     valid = torch.ones(300, 257)
     valid[:, -1] = 0
-    x[:, -1] = 1e6  # excluded outliers would coarsen the bins
-    assert cpu_sketch._sketch_one_pass(x, valid) is None
-    assert_stats_close(summarize([dense_part(x, valid)]), value_stats(x.numpy(), valid.numpy()), exact_percentiles=False)
+    padded = x.clone()
+    padded[:, -1] = 1e6
+    assert cpu_sketch._sketch_one_pass(padded, valid) is None
+    two = cpu_sketch._sketch_two_passes(padded, valid)
+    np.testing.assert_array_equal(two.tensors[1].numpy(), cpu_sketch._sketch_one_pass(x, valid).tensors[1].numpy())
+    assert_stats_close(summarize([two]), value_stats(x.numpy(), valid.numpy()), exact_percentiles=False)
+    for scale in (1e150, 1e-150):
+        assert cpu_sketch._sketch_one_pass(x * scale, valid) is None
+        got = summarize([dense_part(x * scale, valid)])
+        assert_stats_close(got, value_stats(x.numpy() * scale, valid.numpy()), exact_percentiles=False)

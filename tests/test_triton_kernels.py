@@ -26,7 +26,7 @@ from advmon import stats
 from advmon.stats import devices, sketch_format
 from advmon.stats import statistics_path
 from advmon.observation import tensor_part
-from advmon.stats.sketch_format import _LEVEL, _OFFSET, host_level
+from advmon.stats.sketch_format import _SCALE, _TOP, highest_position, scale_exponent
 from advmon.stats import summarize
 
 from .dispatch import NOT_KERNELS, Dispatched
@@ -90,14 +90,15 @@ def test_the_kernels_moments_hold_on_their_own_scale_whatever_the_offset(case):
 
 @settings(max_examples=60, deadline=None)
 @given(low=st.floats(-1e300, 1e300) | st.sampled_from([0.0, -1e-320, 5e-324, -3.4e38]), width=st.floats(0, 1e300))
-def test_the_kernel_finds_the_level_the_host_finds(low, width):
-    """frexp done on float64 bits in the kernel, against math.frexp on the host."""
+def test_the_kernel_finds_the_scale_and_top_bucket_the_host_finds(low, width):
+    """frexp and the float32 bits done in the kernel, against math.frexp and NumPy on the host."""
     high = low + width
     if not math.isfinite(high):
         return
     scalars = triton_part(on_device(torch.tensor([[low, high]], dtype=torch.float64))).tensors[0].cpu()
-    assert int(scalars[_LEVEL]) == host_level(low, high)
-    assert scalars[_OFFSET] == math.floor(math.ldexp(low, -host_level(low, high)))
+    scale = scale_exponent(max(-low, high))
+    assert int(scalars[_SCALE]) == scale
+    assert int(scalars[_TOP]) == highest_position(max(-low, high), scale)
 
 
 def test_views_read_where_they_lie():
@@ -282,10 +283,10 @@ kernels = [
     (triton_sketch._range_kernel, dict(values="*bf16", mask="*fp32", partials="*fp64", **reading),
      dict(HAS_MASK=True, FLAT=False, BLOCK=8192)),
     (triton_sketch._finalize_range_kernel, dict(partials="*fp64", programs="i32", scalars="*fp64", histogram="*i32"),
-     dict(HIST_LEN=1026, SHIFT=9, REDUCE=1024)),
+     dict(HIST_LEN=triton_sketch.HIST_LEN, REDUCE=1024, **triton_sketch._WINDOW_CONSTANTS)),
     (triton_sketch._moments_bins_kernel,
      dict(values="*fp32", mask="*u8", scalars="*fp64", moments="*fp64", histogram="*i32", **reading),
-     dict(HAS_MASK=True, FLAT=True, BLOCK=8192, BINS=2048, HIST_LEN=1026)),
+     dict(HAS_MASK=True, FLAT=True, BLOCK=8192, HIST_LEN=triton_sketch.HIST_LEN, **triton_sketch._WINDOW_CONSTANTS)),
     (triton_sketch._finalize_moments_kernel, dict(moments="*fp64", programs="i32", scalars="*fp64"), dict(REDUCE=1024)),
     (triton_rows._row_hash_kernel, dict(rows="*i64", weights="*i64", out="*i64", count="i32", columns="i32",
                                         r_row="i32", r_col="i32", mix="i64"),

@@ -383,7 +383,7 @@ def distribution(records: Sequence[Any], stage: str = "post_norm", columns: int 
     whose linear range holds the typical step's p01..p99.
 
     Example:
-        >>> from advmon.stats import Histogram
+        >>> from advmon.record import Histogram
         >>> from advmon.record import Record
         >>> histogram = Histogram((-1.0, -0.5, 0.0, 0.5, 1.0), (1.0, 0.0, 0.0, 3.0))
         >>> records = [Record("r", s, 0.0, "e", None, {}, histograms={"post_norm": histogram}) for s in range(3)]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from advmon.record import Record, histogram_key
 from advmon.runs import ADVMON_PREFIXES, Run, RunSourceError
-from advmon.stats import Histogram
+from advmon.record import Histogram
 
 HISTOGRAM_PREFIX = histogram_key("")
 

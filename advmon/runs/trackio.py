@@ -21,7 +21,7 @@ from typing import Any
 
 from advmon.record import HISTOGRAM_STAGES, Record, histogram_key
 from advmon.runs import ADVMON_PREFIXES, Run, RunSourceError
-from advmon.stats import Histogram
+from advmon.record import Histogram
 
 __all__ = ["read_trackio_run", "trackio_database"]
 

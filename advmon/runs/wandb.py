@@ -12,7 +12,7 @@ from pathlib import Path
 
 from advmon.record import HISTOGRAM_STAGES, Record, histogram_key
 from advmon.runs import ADVMON_PREFIXES, Run, RunSourceError
-from advmon.stats import Histogram
+from advmon.record import Histogram
 
 __all__ = ["read_wandb_run"]
 

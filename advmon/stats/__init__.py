@@ -39,8 +39,10 @@ Semantics (the record's contract):
   none;
 * percentiles follow NumPy's default (linear) definition. Inputs of at most
   :data:`EXACT_LIMIT` entries get them exactly; larger ones get them from a
-  histogram whose bins are at most ``(max - min) / SKETCH_BINS`` wide, which
-  bounds the error by that width (0.2% of the range).
+  histogram of relative buckets (:mod:`~advmon.stats.sketch_format`), each at most
+  1/128 of its lower edge wide: every percentile lies between the two order
+  statistics NumPy interpolates, each widened by 0.79% of its own magnitude
+  (magnitudes below ``2**-63`` of the largest ``|x|`` are within that much of 0).
 
 Example:
     >>> import torch
@@ -100,7 +102,7 @@ from advmon.stats.histograms import MAX_BINS, Histogram, coarsened
 from advmon.stats.parts import EXACT_LIMIT, dense_part, value_part
 from advmon.stats.prefix_sketch import RowExtremes
 from advmon.stats.rows import RowSummary, row_summaries, row_valid_counts, value_summaries
-from advmon.stats.sketch_format import SKETCH_BINS, HostPart, Part, host_level
+from advmon.stats.sketch_format import RELATIVE_BUCKET_WIDTH, HostPart, Part
 from advmon.stats.slices import SLICE_FIELDS, SliceIndex, slice_name, slice_table
 from advmon.stats.summaries import PERCENTILES, VALUE_KEYS, summarize, summarize_with_histogram
 from advmon.stats.transfer import Transfer, pack, start_transfer, to_host
@@ -109,14 +111,13 @@ __all__ = [
     # the record's statistics
     "EXACT_LIMIT",
     "PERCENTILES",
-    "SKETCH_BINS",
+    "RELATIVE_BUCKET_WIDTH",
     "STATISTICS_THREADS",
     "VALUE_KEYS",
     "HostPart",
     "Part",
     "Transfer",
     "dense_part",
-    "host_level",
     "pack",
     "start_transfer",
     "statistics_threads",

@@ -1,15 +1,18 @@
 """The general sketch of a large CPU tensor: moments and a histogram, in row chunks that stay in cache.
 
 :func:`cpu_part` takes, in order: the prefix-mask fast path where the mask is one
-(:mod:`advmon.stats.prefix_sketch`); else, for a finite tensor whose valid range needs
-the same bin width as its whole range, one pass (the common case: padding holds zeros
-or copies of valid values); else two passes. Values are on the host already, so these
-passes may look at them (a shortcut here costs no sync). Masks are applied by
-multiplying with 0/1 float weights: on the CPU that is many times faster than
-``where``/``masked_fill`` with a bool mask.
+(:mod:`advmon.stats.prefix_sketch`); else, for a finite tensor whose valid range is
+about its whole range (padding holds zeros or copies of valid values) and whose
+values fit float32's normal range unscaled (nearly all), one pass; else two passes. Values are
+on the host already, so these passes may look at them (a shortcut here costs no
+sync). Masks are applied by multiplying with 0/1 float weights: on the CPU that is
+many times faster than ``where``/``masked_fill`` with a bool mask. Excluded entries
+become zeros, counted in zero's bucket and taken out of it at the end.
 
-The result is a :class:`~advmon.stats.sketch_format.Part` with the layout, level rule
-and bins every path writes.
+Buckets need no range: each value's is the high half of its float32 bits
+(:func:`~advmon.stats.sketch_format.cpu_positions`), counted over all 65,536
+positions and folded once into the part's window
+(:func:`~advmon.stats.sketch_format.fold_positions`).
 
 Example:
     >>> from advmon.stats.summaries import summarize
@@ -26,7 +29,16 @@ import math
 import torch
 
 from advmon.stats.prefix_sketch import RowExtremes, prefix_lengths, prefix_part
-from advmon.stats.sketch_format import _HIST_LEN, _MAX, _MIN, _TRASH_BIN, Part, binning
+from advmon.stats.sketch_format import (
+    _MAX,
+    _MIN,
+    FULL_POSITIONS,
+    Part,
+    cpu_positions,
+    fold_positions,
+    scale_exponent,
+    highest_position,
+)
 
 __all__ = ["cpu_part"]
 
@@ -62,30 +74,52 @@ def _sketch_prefix(values: torch.Tensor, valid: torch.Tensor | None, extremes: R
 
 
 def _row_chunks(values: torch.Tensor, valid: torch.Tensor | None, buffers: int):
-    """Yield (float64 copy of a row chunk, its 0/1 keep weights or None, spare buffers)."""
+    """Yield (float64 copy of a row chunk, its 0/1 keep weights or None, spare buffers, a float32 scratch)."""
     rows, cols = values.shape
     step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
     shape = (min(step, rows), cols)
     space = [torch.empty(shape, dtype=torch.float64, device=values.device) for _ in range(buffers + 2)]
+    narrow = torch.empty(shape, dtype=torch.float32, device=values.device)
     for start in range(0, rows, step):
         height = min(step, rows - start)
         x, weight, *spare = (b[:height] for b in space)
         x.copy_(values[start : start + step])
         keep = None if valid is None else _keep_weights(valid[start : start + step], weight)
-        yield x, keep, spare
+        yield x, keep, spare, narrow[:height]
+
+
+def _finished(first: torch.Tensor, center: torch.Tensor, sums: torch.Tensor, counts: torch.Tensor,
+              zeros_to_drop: int, scale: int) -> Part:
+    """The part from its scalars' pieces and its counts per float32 position.
+
+    ``first``: [n_valid, n_nan, n_inf, n_finite, abssum, low, high]; ``sums``: the two sums around ``center``.
+    """
+    finite = float(first[3]) > 0
+    largest = max(-float(first[5]), float(first[6])) if finite else 0.0
+    scale = scale if finite else 0
+    top = highest_position(largest, scale)
+    histogram = fold_positions(counts, top, zeros_to_drop)
+    where = torch.tensor([top, scale], dtype=torch.float64)
+    scalars = torch.cat([first.to(torch.float64), center.reshape(1).to(torch.float64), sums, where])
+    return Part("sketch", (scalars, histogram.to(torch.float64)))
+
+
+def _center(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """The midpoint of a range, around which moments are summed (halves first: no overflow near float64's limit)."""
+    return low / 2 + high / 2
 
 
 def _sketch_one_pass(values: torch.Tensor, valid: torch.Tensor | None) -> Part | None:
-    """Single pass with the bin width of the whole tensor's range; ``None`` if that is not exact."""
+    """Single pass, moments around the whole tensor's midpoint; ``None`` if a value is not finite, the valid
+    range is much narrower than the whole (the midpoint would be far from the values) or the values need
+    scaling: the two passes do those."""
     whole_low, whole_high = (v.to(torch.float64) for v in torch.aminmax(values))
     if not (torch.isfinite(whole_low) and torch.isfinite(whole_high)):
         return None  # NaN or Inf somewhere: the two-pass sketch masks them
-    level, offset, factors, center = binning(whole_low, whole_high)
-    # Excluded entries are zeroed; when 0 lies in the range their bin is in range too.
-    zero_in_range = bool(whole_low <= 0 <= whole_high)
-    histogram = torch.zeros(_HIST_LEN + 1, dtype=torch.float64)
+    center = _center(whole_low, whole_high)  # the part's sums are around the whole tensor's midpoint
+    counts = torch.zeros(FULL_POSITIONS, dtype=torch.int64)
     rows = []
-    for x, keep, (spare, other) in _row_chunks(values, valid, 2):
+    for x, keep, (spare, other), narrow in _row_chunks(values, valid, 2):
         # x is finite, so multiplying by the 0/1 weights zeroes excluded entries.
         if keep is not None:
             x.mul_(keep)
@@ -103,63 +137,46 @@ def _sketch_one_pass(values: torch.Tensor, valid: torch.Tensor | None) -> Part |
             deviation = torch.addcmul(x, keep, -center, out=spare)
         flat = deviation.reshape(-1)
         rows.append(torch.stack([n_valid, abssum, low, high, flat.sum(), torch.dot(flat, flat)]))
-        # Excluded entries (0 in x) all land in one bin, clamped into range; they
-        # are taken out of it below.
-        for factor in factors:
-            x.mul_(factor)
-        x.floor_().sub_(offset)
-        if not zero_in_range and keep is not None:
-            x.clamp_(0, _HIST_LEN)
-        _count_bins(histogram, x)
+        counts += torch.bincount(cpu_positions(x, narrow), minlength=FULL_POSITIONS)
     table = torch.stack(rows)
     n_valid = table[:, 0].sum()
     with_values = table[:, 0] > 0
     low = torch.where(with_values, table[:, 2], math.inf).amin()
     high = torch.where(with_values, table[:, 3], -math.inf).amax()
-    if n_valid == 0 or not torch.equal(binning(low, high).level, level):
+    if n_valid == 0 or scale_exponent(max(-float(low), float(high))) != 0:
         return None
-    excluded_bin = torch.clamp(-offset, 0, _HIST_LEN).to(torch.int64)
-    histogram[excluded_bin] -= values.numel() - n_valid
+    if math.frexp(float(high - low))[1] != math.frexp(float(whole_high - whole_low))[1]:
+        return None  # excluded entries widened the range: its midpoint would cost the moments their precision
     zero = n_valid.new_zeros(())
-    scalars = torch.stack(
-        [n_valid, zero, zero, n_valid, table[:, 1].sum(), low, high, center, table[:, 4].sum(), table[:, 5].sum(),
-         level.to(torch.float64), offset]
-    )
-    return Part("sketch", (scalars, histogram[:_HIST_LEN]))
+    first = torch.stack([n_valid, zero, zero, n_valid, table[:, 1].sum(), low, high])
+    return _finished(first, center, table[:, 4:].sum(dim=0), counts, values.numel() - int(n_valid), 0)
 
 
 def _sketch_two_passes(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
     """Moments and histogram of a large 2-D CPU tensor, in two passes over row chunks.
 
     Pass 1 counts and finds the range; pass 2 sums deviations from the range's
-    midpoint (so a constant tensor has a std of exactly 0) and fills the histogram.
-    Masks are applied by multiplying with 0/1 float weights: on CPU that is many
-    times faster than ``where``/``masked_fill`` with a bool mask.
+    midpoint (so a constant tensor has a std of exactly 0) and counts the buckets,
+    of values scaled into float32's range where they need it.
     """
 
     def chunks():
-        for x, keep, (spare, other) in _row_chunks(values, valid, 2):
-            yield _Chunk(x, keep, spare, other)
+        for x, keep, (spare, other), narrow in _row_chunks(values, valid, 2):
+            yield _Chunk(x, keep, spare, other), narrow
 
-    first = torch.stack([chunk.counts() for chunk in chunks()])
-    counts = first[:, :_MIN].sum(dim=0)
+    first = torch.stack([chunk.counts() for chunk, _ in chunks()])
+    totals = first[:, :_MIN].sum(dim=0)
     low, high = first[:, _MIN].amin(), first[:, _MAX].amax()
-    level, offset, factors, center = binning(low, high)
-
-    histogram = torch.zeros(_HIST_LEN + 1, dtype=torch.float64, device=values.device)
+    n_finite = int(totals[3])
+    scale = scale_exponent(max(-float(low), float(high))) if n_finite > 0 else 0
+    center = _center(low, high) if n_finite > 0 else low.new_zeros(())
+    counts = torch.zeros(FULL_POSITIONS, dtype=torch.int64)
     centered_sums = []
-    for chunk in chunks():
+    for chunk, narrow in chunks():
         centered_sums.append(chunk.centered_sums(center))
-        _count_bins(histogram, chunk.bins(factors, offset))
-    scalars = torch.cat(
-        [
-            counts,
-            torch.stack([low, high, center]),
-            torch.stack(centered_sums).sum(dim=0),
-            torch.stack([level.to(torch.float64), offset]),
-        ]
-    )
-    return Part("sketch", (scalars, histogram[:_HIST_LEN]))
+        counts += torch.bincount(cpu_positions(chunk.scaled(scale), narrow), minlength=FULL_POSITIONS)
+    first = torch.cat([totals, low[None], high[None]])
+    return _finished(first, center, torch.stack(centered_sums).sum(dim=0), counts, values.numel() - n_finite, scale)
 
 
 class _Chunk:
@@ -207,19 +224,14 @@ class _Chunk:
         flat = deviation.reshape(-1)
         return torch.stack([flat.sum(), torch.dot(flat, flat)])
 
-    def bins(self, factors: list[torch.Tensor], offset: torch.Tensor) -> torch.Tensor:
-        """Histogram bin of every entry; excluded entries go to the trash bin."""
-        x = self.kept
-        for factor in factors:
-            x.mul_(factor)
-        x.floor_().sub_(offset)
-        if self.usable is not None:
-            x.mul_(self.usable).addcmul_(_complement(self.usable, self.other), _TRASH)
-        return x
+    def scaled(self, scale: int) -> torch.Tensor:
+        """The kept values (excluded ones 0) times ``2**scale`` (in place: the last use of the chunk)."""
+        if scale:
+            self.kept.mul_(math.ldexp(1.0, scale))
+        return self.kept
 
 
 _FLOAT64_MAX = torch.tensor(torch.finfo(torch.float64).max, dtype=torch.float64)
-_TRASH = torch.tensor(float(_TRASH_BIN), dtype=torch.float64)
 
 
 def _kept_extrema(
@@ -250,8 +262,3 @@ def _keep_weights(valid: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         # ceil(clamp(m, 0, 1)) is 1 exactly where m > 0.
         out.clamp_(0.0, 1.0).ceil_()
     return out
-
-
-def _count_bins(histogram: torch.Tensor, bins: torch.Tensor) -> None:
-    """Add the bins (whole numbers in ``[0, len(histogram))``, any dtype) to a CPU histogram."""
-    histogram += torch.bincount(bins.reshape(-1).to(torch.int64), minlength=histogram.numel())

@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from advmon.record import GROUP_COUNT_FIELDS
 from advmon.stats.devices import attempt_triton, host_float64, path_for, sync_free, to_device
 
 __all__ = [
@@ -62,17 +63,7 @@ __all__ = [
     "row_keys",
 ]
 
-#: Layout of the tensor returned by :func:`group_counts`.
-GROUP_COUNT_FIELDS = (
-    "groups",
-    "singletons",
-    "with_two_finite",
-    "zero_std",
-    "nonfinite",
-    "all_low",
-    "all_high",
-    "max_size",
-)
+#: Layout of the tensor returned by :func:`group_counts`: :data:`advmon.record.GROUP_COUNT_FIELDS`.
 #: Fields merged across calls by ``max`` instead of a sum.
 _MAX_FIELDS = (GROUP_COUNT_FIELDS.index("max_size"),)
 

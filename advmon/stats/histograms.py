@@ -1,25 +1,24 @@
-"""A stage's distribution in at most 64 bins, from the histogram its percentiles already use.
+"""A stage's distribution in at most 64 bins, from the buckets its percentiles already use.
 
-Every statistics path bins finite values at ``floor(x / 2**level)`` (the sketch
-format, :mod:`advmon.stats.sketch_format`): about a thousand fine bins of one power-of-two
-width. :func:`coarsened` merges them into at most ``max_bins`` bins whose edges
-are fine-bin edges, so the counts stay exact (no value is re-binned by estimate)
-and every edge is an exact float. Where the fine bins fit, they are kept as they
-are. Otherwise the bins go where the values are: the widest empty stretches (the
-gap between a run's bulk and its outliers) become one empty bin each, and each
-stretch of values gets bins in proportion to its share of the values, as
-power-of-two multiples of the fine width (the bulk stays sharp, a lone outlier
-gets one bin); few distinct values (GRPO's of binary rewards) keep a fine bin
-each. NaN and Inf are not in a histogram: the record counts them
-(``nan_count``, ``inf_count``).
+Every statistics path counts finite values in relative buckets (the sketch format,
+:mod:`advmon.stats.sketch_format`): 128 per power of two, about 16,000 for a window
+of 63 octaves of each sign. :func:`coarsened` merges such fine bins into at most
+``max_bins`` bins whose edges are fine-bin edges, so the counts stay exact (no value
+is re-binned by estimate) and every edge is an exact float. Where the fine bins fit,
+they are kept as they are. Otherwise the bins go where the values are: the widest
+empty stretches (the gap between a run's bulk and its outliers) become one empty
+bin each, and each stretch of values gets bins in proportion to its share of the
+values, as power-of-two runs of fine bins (the bulk stays sharp, a lone outlier gets
+one bin); few distinct values (GRPO's of binary rewards) keep a fine bin each. NaN
+and Inf are not in a histogram: the record counts them (``nan_count``, ``inf_count``).
 
 Example:
-    >>> h = coarsened(level=-3, counts=[1, 0, 2, 5, 0, 0, 1, 1], first=-4, max_bins=4)
+    >>> h = coarsened([-1.0, -0.5, 0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0], [1, 0, 2, 5, 0, 0, 1, 1], max_bins=4)
     >>> h.edges, h.counts
-    ((-0.5, -0.25, 0.0, 0.25, 0.5), (1.0, 7.0, 0.0, 2.0))
-    >>> far = coarsened(level=0, counts=[3, 4, 5] + [0] * 1000 + [1], first=-1, max_bins=5)
+    ((-1.0, 0.0, 0.5, 2.0, 8.0), (1.0, 7.0, 0.0, 2.0))
+    >>> far = coarsened(list(range(1006)), [3, 4, 5] + [0] * 1000 + [1] + [0], max_bins=5)
     >>> far.edges, far.counts  # the bulk, the gap, the outlier
-    ((-1.0, 0.0, 1.0, 2.0, 1002.0, 1003.0), (3.0, 4.0, 5.0, 0.0, 1.0))
+    ((0.0, 1.0, 2.0, 3.0, 1003.0, 1004.0), (3.0, 4.0, 5.0, 0.0, 1.0))
     >>> Histogram.from_dict(far.to_dict()) == far
     True
 """
@@ -27,11 +26,11 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
+
+from advmon.record import Histogram
 
 __all__ = ["MAX_BINS", "Histogram", "coarsened"]
 
@@ -41,39 +40,20 @@ MAX_BINS = 64
 _GAP_SHARE = 4
 
 
-@dataclass(frozen=True)
-class Histogram:
-    """Counts of finite values in bins ``[edges[i], edges[i + 1])``, ``edges`` increasing."""
-
-    edges: tuple[float, ...]
-    counts: tuple[float, ...]
-
-    @property
-    def total(self) -> float:
-        return float(sum(self.counts))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Compact JSON: the edges, and whole counts as integers."""
-        return {"edges": list(self.edges), "counts": [int(c) if float(c).is_integer() else c for c in self.counts]}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Histogram:
-        return cls(tuple(float(e) for e in data["edges"]), tuple(float(c) for c in data["counts"]))
-
-
 def coarsened(
-    level: int, counts: Sequence[float] | np.ndarray, first: int, max_bins: int = MAX_BINS
+    edges: Sequence[float] | np.ndarray, counts: Sequence[float] | np.ndarray, max_bins: int = MAX_BINS
 ) -> Histogram | None:
-    """Fine bin ``first + k`` of width ``2**level`` (holding ``counts[k]``) merged into at most ``max_bins`` bins.
+    """Fine bins ``[edges[k], edges[k + 1])`` holding ``counts[k]`` merged into at most ``max_bins`` bins.
 
     ``None`` when every count is 0.
     """
     counts = np.asarray(counts, dtype=np.float64)
+    edges = np.asarray(edges, dtype=np.float64)
     occupied = np.flatnonzero(counts)
     if occupied.size == 0:
         return None
     counts = counts[occupied[0] : occupied[-1] + 1]  # the empty ends are dropped
-    start = first + int(occupied[0])  # absolute fine bin of counts[0]
+    start = int(occupied[0])  # fine bin of counts[0]
     offsets = occupied - occupied[0]
     if counts.size <= max_bins:
         cuts = np.arange(counts.size + 1)
@@ -82,8 +62,7 @@ def coarsened(
     else:
         cuts = _cuts(counts, offsets, max_bins, start)
     merged = np.add.reduceat(counts, cuts[:-1])
-    edges = np.ldexp((start + cuts).astype(np.float64), level)  # exact: whole numbers times a power of two
-    return Histogram(edges=tuple(edges.tolist()), counts=tuple(merged.tolist()))
+    return Histogram(edges=tuple(edges[start + cuts].tolist()), counts=tuple(merged.tolist()))
 
 
 def _cuts(counts: np.ndarray, occupied: np.ndarray, max_bins: int, origin: int) -> np.ndarray:

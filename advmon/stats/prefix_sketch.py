@@ -20,16 +20,17 @@ so the statistics never need to read the padding or multiply by the mask:
    ``BLOCK_ELEMENTS`` dense valid values are then processed in cache.
 3. **Statistics.** Moments are float64 sums around each block's midpoint,
    shifted to the whole range's midpoint as parts merge; extrema come from
-   ``aminmax``. The histogram's range is guessed from a few values of every
-   row (the first, middle and last valid one) with wide margins; if a block
-   holds a value outside the guess, the histogram alone is made again in a
-   second pass with the true range. A block holding NaN or Inf has them
-   counted and its finite values selected (a boolean index, only there).
+   ``aminmax``. Buckets need no range: every value's is the high half of its
+   float32 bits, counted over all 65,536 positions in one ``bincount`` per few
+   blocks and folded into the part's window at the end; only values that leave
+   float32's normal range (``sketch_format.scale_exponent``) are counted again,
+   scaled, in a second pass. A block holding NaN or Inf has them counted and its
+   finite values selected (a boolean index, only there).
 
-The result is a :class:`~advmon.stats.sketch_format.Part` with the same layout, level rule and
-bins as the general sketch, so the two merge, and every statistic stays what
+The result is a :class:`~advmon.stats.sketch_format.Part` with the same layout and
+buckets as the general sketch, so the two merge, and every statistic stays what
 the general path computes (``tests/test_prefix_sketch.py`` checks them against
-NumPy and against the general sketch, bin for bin).
+NumPy and against the general sketch, bucket for bucket).
 """
 
 from __future__ import annotations
@@ -39,7 +40,15 @@ import math
 import numpy as np
 import torch
 
-from advmon.stats.sketch_format import _HIST_LEN, Part, host_level, recentered_sums
+from advmon.stats.sketch_format import (
+    FULL_POSITIONS,
+    Part,
+    cpu_positions,
+    fold_positions,
+    recentered_sums,
+    scale_exponent,
+    highest_position,
+)
 
 __all__ = ["RowExtremes", "indicator_chunks", "prefix_lengths", "prefix_part"]
 
@@ -48,11 +57,8 @@ GROUP_ROWS = 64
 #: Dense valid values processed at once. 256K measured 3-5% faster (fewer torch calls)
 #: but took peak memory to 0.50-0.51x a 4096 x 2048 float32 tensor (128K: 0.43-0.45x).
 BLOCK_ELEMENTS = 1 << 17
-#: Bins of the first-pass histogram: the guessed range takes at most 1026, the rest is margin.
-_GUESS_BINS = 4096
-#: Bin indices of this many values are counted by one ``bincount`` (int16: 1 MiB).
+#: Bucket positions of this many values are counted by one ``bincount`` (uint16: 1 MiB).
 _PENDING_BINS = 4 * BLOCK_ELEMENTS
-assert _GUESS_BINS <= 1 << 15, "window bin indices are kept as int16"
 
 
 def indicator_chunks(mask: torch.Tensor, dtype: torch.dtype = torch.float32, chunk_elements: int = 1 << 19):
@@ -206,35 +212,25 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor, extremes: RowExtrem
     if total == 0:
         return None
     layout = _Layout(values, lengths, extremes)
-    guess = _guess_range(layout)
-    if guess is None:
-        return None
-    window = _Window.around(*guess)
-    if not -1000 < window.level < 1000:
-        return None  # 2**-level would leave float64's range: the general sketch scales in two steps
-    sums = _BlockSums(values.dtype, window, extremes)
+    sums = _BlockSums(values.dtype, extremes)
     for block in layout.blocks():
         sums.add(block, layout if extremes is not None else None)
     if extremes is not None:
         layout.ragged_extremes()
         extremes.lengths = lengths
         extremes.complete = True
-    layout.extremes = None  # a second histogram pass reads the same values again: not twice
+    if not sums.lows:
+        return None  # every valid value is NaN or Inf: the general sketch counts them
+    layout.extremes = None  # a second counting pass reads the same values again: not twice
     low, high = sums.extrema()
-    level, offset = _canonical_level(low, high)
-    if not -1000 < level < 1000:
-        return None
-    # The true range needs bins at least as wide as the guess's, so the window's bins
-    # nest in them; except when every sampled value was 0 (frexp(0) has exponent 0,
-    # so 0 alone gets coarser bins than, say, 1e-30 beside it).
-    if sums.window_missed or level < window.level:
-        histogram = _histogram_pass(layout, level, offset)
-    else:
-        histogram = window.coarsened(sums.window_histogram(), level, offset)
+    scale = scale_exponent(max(-low, high))
+    counts = sums.position_counts() if scale == 0 else _scaled_counts(layout, scale)
+    top = highest_position(max(-low, high), scale)
+    histogram = fold_positions(counts, top).to(torch.float64)
     finite = float(total - sums.nan - sums.inf)
     scalars = torch.tensor(
         [float(total), float(sums.nan), float(sums.inf), finite, sums.abs_sum(), low, high, *sums.centered(),
-         float(level), float(offset)],
+         float(top), float(scale)],
         dtype=torch.float64,
     )
     return Part("sketch", (scalars, histogram))
@@ -354,19 +350,6 @@ class _Layout:
             self.extremes._flush()
 
 
-def _guess_range(layout: _Layout) -> tuple[float, float] | None:
-    """Range of the finite first, middle and last valid values of the rows (``None``: none is finite)."""
-    lengths = layout.lengths
-    rows = torch.nonzero(lengths > 0).squeeze(1)
-    last = lengths[rows] - 1
-    columns = torch.cat([torch.zeros_like(last), last // 2, last])
-    sample = _finite(layout.flat().index_select(0, layout.offsets(rows.repeat(3), columns)))
-    if sample.numel() == 0:
-        return None
-    low, high = (float(v) for v in torch.aminmax(sample))
-    return low, high
-
-
 def _finite(block: torch.Tensor) -> torch.Tensor:
     """The finite values of a 1-D block (the block itself when all are)."""
     if bool(torch.isfinite(block.sum())):
@@ -374,71 +357,23 @@ def _finite(block: torch.Tensor) -> torch.Tensor:
     return block[torch.isfinite(block)]
 
 
-def _canonical_level(low: float, high: float) -> tuple[int, int]:
-    """The general sketch's bin level and first bin for the range ``[low, high]``."""
-    level = host_level(low, high)
-    return level, math.floor(math.ldexp(low, -level))
-
-
-class _Window:
-    """The first pass's histogram: ``_GUESS_BINS`` bins of width ``2**level`` from bin ``first``."""
-
-    def __init__(self, level: int, anchor: int, margin: int) -> None:
-        # Bins are floor(x / 2**level) - anchor + margin. ``anchor`` is the guess's own
-        # first bin, a whole number every float dtype holds exactly (it is the floor of
-        # a float); ``anchor - margin`` may not be, so the two are subtracted apart.
-        self.level, self.anchor, self.margin = level, anchor, margin
-        first = self.first = anchor - margin
-        self.scale = math.ldexp(1.0, -level)
-        # Inclusive value bounds that certainly fall inside the window's bins.
-        self.low = math.ldexp(float(first), level)
-        self.high = math.ldexp(float(first + _GUESS_BINS), level)
-
-    @classmethod
-    def around(cls, low: float, high: float) -> "_Window":
-        level, anchor = _canonical_level(low, high)
-        span = math.floor(math.ldexp(high, -level)) - anchor + 1
-        return cls(level, anchor, (_GUESS_BINS - span) // 2)
-
-    def holds(self, low: float, high: float) -> bool:
-        return self.low <= low and high < self.high
-
-    def coarsened(self, histogram: torch.Tensor, level: int, first: int) -> torch.Tensor:
-        """The window's counts as the general sketch's histogram at ``level`` from bin ``first``."""
-        occupied = torch.nonzero(histogram).squeeze(1)
-        absolute = occupied + self.first
-        coarse = torch.div(absolute, 1 << (level - self.level), rounding_mode="floor") - first
-        out = torch.zeros(_HIST_LEN, dtype=torch.float64)
-        out.index_add_(0, coarse, histogram[occupied].to(torch.float64))
-        return out
-
-
 class _BlockSums:
-    """Running moments, extrema and window histogram over blocks of valid values.
+    """Running moments, extrema and bucket counts over blocks of valid values.
 
     A block costs a dozen torch calls of a few microseconds each, so per-block
     bookkeeping is kept off torch: the sums stay 0-d tensors in lists, stacked
-    once at the end, and bin indices of several blocks wait in one int16 buffer
-    for a single ``bincount`` (measured ~6% faster per call than one ``bincount``,
-    one histogram add and one stack per block).
+    once at the end, and the bucket positions of several blocks wait in one uint16
+    buffer for a single ``bincount``.
     """
 
-    def __init__(self, dtype: torch.dtype, window: _Window, rows: RowExtremes | None = None) -> None:
-        self.window = window
+    def __init__(self, dtype: torch.dtype, rows: RowExtremes | None = None) -> None:
         self.sizes: list[int] = []
-        self.window_missed = False
         self.nan = self.inf = 0
-        self._histogram = torch.zeros(_GUESS_BINS, dtype=torch.int64)
-        self._pending = 0  # bin indices waiting in the "bins" buffer
+        self._counts = torch.zeros(FULL_POSITIONS, dtype=torch.int64)
+        self._pending = 0  # positions waiting in the "positions" buffer
         self._sums: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] = ([], [], [])
         self.lows: list[float] = []
         self.highs: list[float] = []
-        # Scaling float32 values by a power of two is exact unless a tiny value
-        # underflows, possible only at coarse levels; float64 is exact for any float32.
-        self._bin_in_float32 = dtype == torch.float32 and -120 < window.level <= 0
-        # One subtraction where the dtype holds the window's first bin exactly.
-        self._first_exact = abs(window.first) < (1 << 24 if self._bin_in_float32 else 1 << 53)
-        self._scaled_dtype = torch.float32 if self._bin_in_float32 else torch.float64
         self._buffers: dict[str, torch.Tensor] = {}
         #: Blocks whose centred sum comes from their rows' sums: (index in the sums, rows' span, size * centre).
         self._from_rows: list[tuple[int, slice, float]] = []
@@ -470,12 +405,8 @@ class _BlockSums:
         self.highs.append(high)
         copy = block if block.dtype == torch.float64 else self._buffer("float64", block.numel(), torch.float64).copy_(block)
         rows = None if layout is None else layout.rectangle_sums(copy)  # before it is centred below
-        if not self.window_missed and self.window.holds(low, high):
-            self._count_bins(block if self._bin_in_float32 else copy)
-        else:
-            self.window_missed = True
+        self._count_positions(block)
         abs_sums, first_sums, second_sums = self._sums
-        # The scratch buffer's scaled values are in the pending bins by now: reuse it.
         abs_sums.append(torch.abs(copy, out=self._scratch(copy.numel(), torch.float64)).sum())
         center = low / 2 + high / 2  # halves first: no overflow near the float limits
         copy.sub_(center)
@@ -491,30 +422,27 @@ class _BlockSums:
             first_sums.append(_NOT_YET)
         second_sums.append(torch.dot(copy, copy))
 
-    def _count_bins(self, block: torch.Tensor) -> None:
-        """Queue ``floor(x / 2**level) - first`` of every value for the window histogram."""
+    def _count_positions(self, block: torch.Tensor) -> None:
+        """Queue the float32 bucket position of every value (see ``sketch_format.cpu_positions``)."""
         size = block.numel()
         if self._pending + size > _PENDING_BINS:
             self._count_pending()
-        scaled = torch.mul(block, self.window.scale, out=self._scratch(size, self._scaled_dtype))
-        scaled.floor_()
-        if self._first_exact:
-            scaled.sub_(self.window.first)
-        else:
-            scaled.sub_(self.window.anchor).add_(self.window.margin)
-        bins = self._buffer("bins", max(_PENDING_BINS, size), torch.int16)  # bins < _GUESS_BINS <= 2**15
-        bins[self._pending : self._pending + size].copy_(scaled)
+        narrow = block if block.dtype == torch.float32 else self._scratch(size, torch.float32).copy_(block)
+        high_halves = narrow.view(torch.int16).view(-1, 2)[:, 1]  # little-endian: the sign's half
+        positions = self._buffer("positions", max(_PENDING_BINS, size), torch.int16)
+        positions[self._pending : self._pending + size].copy_(high_halves)
         self._pending += size
 
     def _count_pending(self) -> None:
         if self._pending:
-            self._histogram += torch.bincount(self._buffers["bins"][: self._pending], minlength=_GUESS_BINS)
+            pending = self._buffers["positions"][: self._pending].view(torch.uint16).to(torch.int64)
+            self._counts += torch.bincount(pending, minlength=FULL_POSITIONS)
             self._pending = 0
 
-    def window_histogram(self) -> torch.Tensor:
-        """Counts per window bin of every value added (only meaningful if the window was never missed)."""
+    def position_counts(self) -> torch.Tensor:
+        """Counts per float32 position of every value added."""
         self._count_pending()
-        return self._histogram
+        return self._counts
 
     def _buffer(self, name: str, size: int, dtype: torch.dtype) -> torch.Tensor:
         """A buffer of at least ``size`` elements, made once and reused for the blocks of one call."""
@@ -554,11 +482,12 @@ class _BlockSums:
 _NOT_YET = torch.zeros((), dtype=torch.float64)
 
 
-def _histogram_pass(layout: _Layout, level: int, first: int) -> torch.Tensor:
-    """The histogram at the general sketch's level, in a second pass (the guess missed)."""
-    histogram = torch.zeros(_HIST_LEN, dtype=torch.float64)
-    scale = math.ldexp(1.0, -level)
+def _scaled_counts(layout: _Layout, scale: int) -> torch.Tensor:
+    """Counts per float32 position of the finite values times ``2**scale``, in a second pass (values that leave
+    float32's normal range: rare)."""
+    counts = torch.zeros(FULL_POSITIONS, dtype=torch.int64)
+    factor = math.ldexp(1.0, scale)
     for block in layout.blocks():
-        scaled = _finite(block).to(torch.float64).mul_(scale).floor_().sub_(first)
-        histogram += torch.bincount(scaled.to(torch.int64), minlength=_HIST_LEN)
-    return histogram
+        scaled = _finite(block).to(torch.float64).mul_(factor)
+        counts += torch.bincount(cpu_positions(scaled), minlength=FULL_POSITIONS)
+    return counts

@@ -1,34 +1,105 @@
 """The sketch format every statistics path writes and the host merges.
 
-A sketch :class:`Part` holds a scalar tensor (counts, sums, extrema, the
-histogram's level and first bin, in the layout below) and a histogram whose bins
-are ``floor(x / 2**level) - first``. Floor bins nest, so parts with different
-levels merge exactly at the coarsest one. :mod:`advmon.stats.cpu_sketch` (the CPU's
-general sketch), :mod:`advmon.stats.prefix_sketch` (the CPU's prefix-mask fast path),
-:mod:`advmon.stats.device_sketch` and :mod:`advmon.stats.triton_sketch` all write it.
+A sketch :class:`Part` holds a scalar tensor (counts, sums, extrema, and where its
+histogram's buckets start, in the layout below) and a histogram of *relative*
+buckets fixed in advance, whatever the data: a finite value's bucket is read
+straight from its float32 bits, the exponent and the top :data:`MANTISSA_BITS`
+mantissa bits (one 16-bit shift, no ``log``), so a bucket ``[lo, hi)`` is at most
+``lo / 128`` wide (0.78%). Every value inside a bucket is then within 0.78% of any
+estimate inside it, which is what bounds a percentile: one exploding advantage, heavy
+tails or eight decades of spread move no bucket edge (HDR histograms' buckets;
+DDSketch's relative-error guarantee).
+
+A part keeps :data:`WINDOW` buckets of each sign below its largest magnitude's
+(63 powers of two, down to ``2**-63`` of the largest ``|x|``), one bucket for the
+magnitudes below that ("tiny") on each side, one for zero and an always-empty one that
+pads the length to an even number: :data:`HIST_LEN` int32 counts, 64,528 bytes, which
+cross to the host as their bits, two to a float64 (:mod:`advmon.stats.transfer`). Buckets are positions ``exponent * 128 + mantissa
+bits``; the part's :data:`_TOP` and :data:`_SCALE` say which position its last bucket
+holds (:func:`canonical_top`), so parts merge exactly by shifting to the largest top
+(a bucket that falls below the merged window joins "tiny", as it would have in one
+call on all the values).
+
+Values are scaled by ``2**s`` before the float32 conversion only where their
+magnitudes leave float32's normal range (:func:`scale_exponent`): scaling by a power
+of two moves no value across a bucket edge, so ``s`` changes no bucket.
+
+Layout of the histogram, by value ascending::
+
+    [0, WINDOW)          negative buckets, position _TOP - i at index i
+    WINDOW               negative tiny: (-2**floor, 0)
+    WINDOW + 1           zero (either sign)
+    WINDOW + 2           positive tiny: (0, 2**floor)
+    [WINDOW + 3, _PAD)   positive buckets, position _TOP - WINDOW + 1 + j at index WINDOW + 3 + j
+    _PAD = HIST_LEN - 1  always 0
+
+:mod:`advmon.stats.cpu_sketch` (the CPU's general sketch), :mod:`advmon.stats.prefix_sketch`
+(the CPU's prefix-mask fast path), :mod:`advmon.stats.device_sketch` and
+:mod:`advmon.stats.triton_sketch` all write it; :mod:`advmon.stats.summaries` reads it.
+
+Example:
+    >>> bucket_edges(0, 0)   # 1.0's bucket: the lower edge of the one below, its own edges
+    (0.99609375, 1.0, 1.0078125)
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import numpy as np
 import torch
 
-__all__ = ["SKETCH_BINS", "Binning", "HostPart", "Part", "binning", "host_level", "recentered_sums", "scale_factors"]
+__all__ = [
+    "HIST_LEN",
+    "MANTISSA_BITS",
+    "RELATIVE_BUCKET_WIDTH",
+    "WINDOW",
+    "HostPart",
+    "Part",
+    "bucket_edges",
+    "canonical_top",
+    "fold_positions",
+    "highest_position",
+    "host_positions",
+    "recentered_sums",
+    "scale_exponent",
+    "top_position",
+]
 
-#: A histogram bin is at most ``(max - min) / SKETCH_BINS`` wide (a power of two).
-SKETCH_BINS = 512
-_SKETCH_LEVEL_SHIFT = SKETCH_BINS.bit_length() - 1  # log2(SKETCH_BINS)
-_HIST_LEN = 2 * SKETCH_BINS + 2  # bins needed to span [min, max] at the chosen level
-_TRASH_BIN = _HIST_LEN  # invalid entries are counted here and dropped
+#: Mantissa bits that choose a bucket inside a power of two: 128 buckets per octave.
+MANTISSA_BITS = 7
+_PER_OCTAVE = 1 << MANTISSA_BITS
+#: A bucket ``[lo, hi)`` is at most this share of ``lo`` wide (at the start of an octave).
+RELATIVE_BUCKET_WIDTH = 1.0 / _PER_OCTAVE
+#: Powers of two a part keeps buckets for, down from its largest magnitude's.
+WINDOW_OCTAVES = 63
+#: Buckets of each sign a part keeps.
+WINDOW = WINDOW_OCTAVES * _PER_OCTAVE
+#: The histogram's length: both signs' windows, their tiny buckets, zero, and a padding bucket (always 0).
+HIST_LEN = 2 * WINDOW + 4
+_NEGATIVE_TINY, _ZERO, _POSITIVE_TINY, _PAD = WINDOW, WINDOW + 1, WINDOW + 2, HIST_LEN - 1
+
+#: A float32's bits shifted right by 16: sign, exponent and top 7 mantissa bits, 0 to 65535.
+FULL_POSITIONS = 1 << 16
+#: Where negative values' positions start among those (the sign bit).
+_SIGN = 1 << 15
+#: The biased position of 1.0 (float32's exponent bias times 128): canonical positions are biased less this.
+_BIAS = 127 * _PER_OCTAVE
+#: Biased positions from here on are Inf and NaN (exponent field 255).
+_NONFINITE = 255 * _PER_OCTAVE
+#: Below this largest magnitude the window would reach float32's subnormals; above the other bound a float64
+#: value would overflow float32 (``frexp`` exponents: ``2**(e - 1) <= |x| < 2**e``).
+_SMALLEST_UNSCALED_EXPONENT = -62
+_LARGEST_UNSCALED_EXPONENT = 127
 
 # Layout of a sketch part's scalar tensor.
 # Counts and the absolute sum add up across parts; the centered sums are taken
 # around the part's own center (the midpoint of its range) and shifted to merge.
-_N_VALID, _N_NAN, _N_INF, _N_FINITE, _ABSSUM, _MIN, _MAX, _CENTER, _CSUM, _CSUMSQ, _LEVEL, _OFFSET = range(12)
+# _TOP is the top bucket's biased float32 position after scaling by 2**_SCALE (what
+# a device reads off the bits); canonical_top gives the scale-free position.
+_N_VALID, _N_NAN, _N_INF, _N_FINITE, _ABSSUM, _MIN, _MAX, _CENTER, _CSUM, _CSUMSQ, _TOP, _SCALE = range(12)
 _N_SCALARS = 12
 _ADDITIVE = slice(_N_VALID, _ABSSUM + 1)
 
@@ -41,7 +112,7 @@ class Part:
     with weight 0 is not valid, weight ``w`` counts it ``w`` times (a row of a
     zero-stride expand view stands for its valid tokens).
 
-    ``kind == "sketch"``: ``tensors == (scalars, histogram)``, see :func:`dense_part`.
+    ``kind == "sketch"``: ``tensors == (scalars, histogram)`` in the layout above.
     """
 
     kind: Literal["exact", "sketch"]
@@ -56,51 +127,143 @@ class HostPart:
     arrays: tuple[np.ndarray, ...]
 
 
-def host_level(low: float, high: float) -> int:
-    """Host twin of the device's level rule (see :func:`binning`)."""
-    spread = high - low
-    largest_exp = math.frexp(max(abs(low), abs(high)))[1]
-    level = math.frexp(spread)[1] - 1 - _SKETCH_LEVEL_SHIFT if spread > 0 else largest_exp - 62
-    return max(level, largest_exp - 62)
+def scale_exponent(largest_magnitude: float) -> int:
+    """The power of two finite values are scaled by before their float32 conversion: 0 unless they leave float32.
 
+    ``0`` while the largest ``|x|`` is within ``[2**-63, 2**127)``: its window of 63
+    octaves stays in float32's normal range and nothing overflows. Outside, the
+    values are scaled so that the largest lands at the nearer end of that range.
 
-class Binning(NamedTuple):
-    """How a part's values are binned, as device tensors (see :func:`binning`)."""
-
-    level: torch.Tensor  #: int64: bins are ``2**level`` wide
-    offset: torch.Tensor  #: float64: ``floor(low / 2**level)``, the first bin
-    factors: tuple[torch.Tensor, torch.Tensor]  #: float64 powers of two whose product is ``2**-level``
-    center: torch.Tensor  #: float64: ``low / 2 + high / 2``, around which moments are summed
-
-
-def binning(low: torch.Tensor, high: torch.Tensor) -> Binning:
-    """The bin width, first bin and moment center for finite values in ``[low, high]``.
-
-    ``low`` and ``high`` are the finite values' extrema (``inf`` and ``-inf``
-    when there are none). The width ``2**level`` is the largest power of two with
-    ``width <= range / SKETCH_BINS``, found with ``frexp`` so that the host can
-    recompute it bit for bit (:func:`host_level`). It is raised where needed so
-    that ``|value| / width < 2**62`` (exact in int64); an empty range gets level
-    0. Written in few ops: on a GPU each is a kernel launch.
+    Example:
+        >>> scale_exponent(3.0), scale_exponent(1e-30), scale_exponent(1e300)
+        (0, 37, -870)
     """
-    center = torch.add(low / 2, high, alpha=0.5)  # low / 2 + high / 2: no overflow near the float64 limit
-    spread = high - low
-    _, exponents = torch.frexp(torch.stack([spread, torch.maximum(-low, high)]))  # low <= high: the largest |x|
-    floor_level = exponents[1] - 62
-    level = torch.maximum(torch.where(spread > 0, exponents[0] - (1 + _SKETCH_LEVEL_SHIFT), floor_level), floor_level)
-    empty = spread < 0  # no finite value: inf - -inf is -inf
-    level = level.masked_fill(empty, 0)  # masked_fill, not where: a where(..., 0) makes a tensor of the 0
-    factors = scale_factors(level)
-    offset = torch.floor(low * factors[0] * factors[1]).masked_fill_(empty, 0.0)  # exact: powers of two
-    return Binning(level, offset, factors, center)
+    exponent = math.frexp(largest_magnitude)[1]
+    return min(max(exponent, _SMALLEST_UNSCALED_EXPONENT), _LARGEST_UNSCALED_EXPONENT) - exponent
 
 
-def scale_factors(level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Factors whose product is ``2**-level`` (two: one could overflow)."""
-    one = torch.ones((), dtype=torch.float64, device=level.device)
-    minus = torch.neg(level)
-    first = torch.div(minus, 2, rounding_mode="floor")
-    return torch.ldexp(one, first), torch.ldexp(one, minus - first)
+def highest_position(largest_magnitude: float, scale: int) -> int:
+    """The largest magnitude's biased float32 position after scaling by ``2**scale`` (the scalars' ``_TOP``).
+
+    When every value is zero any window does: the lowest whose tiny buckets are empty.
+
+    Example:
+        >>> highest_position(1.0, 0), highest_position(0.0, 0)
+        (16256, 8064)
+    """
+    scaled = np.float32(math.ldexp(abs(largest_magnitude), scale))
+    return max(int(scaled.view(np.uint32) >> 16), WINDOW)
+
+
+def canonical_top(highest: int, scale: int) -> int:
+    """The scale-free position of a part's top bucket from its scalars' ``_TOP`` and ``_SCALE``."""
+    return highest - _BIAS - scale * _PER_OCTAVE
+
+
+def top_position(largest_magnitude: float, scale: int) -> int:
+    """The canonical position (``exponent * 128 + mantissa bits``) of the largest magnitude's bucket.
+
+    Read from the same float32 conversion the values get, so the largest value is in it. When every
+    value is zero any window does: the lowest whose tiny buckets are empty.
+
+    Example:
+        >>> top_position(1.0, 0), top_position(1.5, 0), top_position(0.5, 0), top_position(0.0, 0)
+        (0, 64, -128, -8192)
+    """
+    return canonical_top(highest_position(largest_magnitude, scale), scale)
+
+
+def host_positions(values: np.ndarray, scale: int) -> np.ndarray:
+    """Biased float32 positions (0 to 65535, negatives from 32768) of float64 values scaled by ``2**scale``."""
+    scaled = np.ldexp(values, scale).astype(np.float32)
+    return (scaled.view(np.uint32) >> 16).astype(np.int64)
+
+
+def cpu_positions(values: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """Biased float32 positions of a contiguous CPU tensor's values (unscaled), as int64 for ``bincount``.
+
+    The position is the high half of each float32: a strided int16 view of the bits,
+    read as uint16, in one conversion (``scratch``, float32 of the same size, takes
+    the conversion of other dtypes).
+    """
+    if values.dtype != torch.float32:
+        values = (torch.empty(values.shape, dtype=torch.float32) if scratch is None else scratch).copy_(values)
+    high_halves = values.reshape(-1).view(torch.int16).view(-1, 2)[:, 1]  # little-endian: the sign's half
+    return high_halves.view(torch.uint16).to(torch.int64)
+
+
+def fold_positions(counts: torch.Tensor, highest: int, zeros_to_drop: int = 0) -> torch.Tensor:
+    """A part's histogram (:data:`HIST_LEN` counts) from counts per biased float32 position.
+
+    ``counts`` has :data:`FULL_POSITIONS` entries; ``highest`` is the top bucket's biased
+    position (:func:`highest_position`, the same scale). ``zeros_to_drop`` excluded entries
+    were counted as zeros (a mask's zeroed entries).
+    """
+    counts = counts.to(torch.int64)
+    lowest = highest - WINDOW + 1
+    positive, negative = counts[:_SIGN], counts[_SIGN:]
+    out = torch.zeros(HIST_LEN, dtype=torch.int64)
+    out[:WINDOW] = negative[lowest : highest + 1].flip(0)
+    out[_NEGATIVE_TINY] = negative[1:lowest].sum()
+    out[_ZERO] = positive[0] + negative[0] - zeros_to_drop
+    out[_POSITIVE_TINY] = positive[1:lowest].sum()
+    out[_POSITIVE_TINY + 1 : _PAD] = positive[lowest : highest + 1]
+    return out.to(torch.int32)
+
+
+def bucket_edges(top: int, index: int) -> tuple[float, float, float]:
+    """``(lower edge of the bucket below, lower edge, upper edge)`` of canonical position ``top - index``.
+
+    Example:
+        >>> bucket_edges(64, 0)  # 1.5's bucket
+        (1.4921875, 1.5, 1.5078125)
+    """
+    position = top - index
+    return _lower_edge(position - 1), _lower_edge(position), _lower_edge(position + 1)
+
+
+def _lower_edge(position: int) -> float:
+    return math.ldexp(1.0 + (position & (_PER_OCTAVE - 1)) / _PER_OCTAVE, position >> MANTISSA_BITS)
+
+
+def lower_edges(positions: np.ndarray) -> np.ndarray:
+    """Lower edges of canonical positions (NumPy): ``2**(p >> 7) * (1 + (p & 127) / 128)``, exact."""
+    positions = np.asarray(positions, dtype=np.int64)
+    mantissas = 1.0 + (positions & (_PER_OCTAVE - 1)) / _PER_OCTAVE
+    return np.ldexp(mantissas, (positions >> MANTISSA_BITS).astype(np.int32))
+
+
+def bucket_bounds(top: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every histogram index's ``(lower, upper)`` value bounds for a part with top position ``top``.
+
+    Zero's bucket is ``[0, 0]``; the tiny buckets reach from zero to the window's edge.
+    """
+    lowest = top - WINDOW + 1
+    magnitudes = lower_edges(np.arange(lowest, top + 2))  # W + 1 edges, ascending
+    lower = np.empty(HIST_LEN)
+    upper = np.empty(HIST_LEN)
+    lower[:WINDOW], upper[:WINDOW] = -magnitudes[:0:-1], -magnitudes[-2::-1]
+    lower[_NEGATIVE_TINY], upper[_NEGATIVE_TINY] = -magnitudes[0], 0.0
+    lower[_ZERO] = upper[_ZERO] = 0.0
+    lower[_POSITIVE_TINY], upper[_POSITIVE_TINY] = 0.0, magnitudes[0]
+    lower[_POSITIVE_TINY + 1 : _PAD], upper[_POSITIVE_TINY + 1 : _PAD] = magnitudes[:-1], magnitudes[1:]
+    lower[_PAD] = upper[_PAD] = magnitudes[-1]  # never holds a value
+    return lower, upper
+
+
+def shifted_histogram(histogram: np.ndarray, shift: int) -> np.ndarray:
+    """A part's histogram re-windowed ``shift >= 0`` positions higher (a larger top): what falls out joins tiny."""
+    if shift == 0:
+        return histogram
+    histogram = np.asarray(histogram, dtype=np.float64)
+    out = np.zeros(HIST_LEN)
+    shift = min(shift, WINDOW)
+    out[shift:WINDOW] = histogram[: WINDOW - shift]  # negative index i becomes i + shift
+    out[_NEGATIVE_TINY] = histogram[_NEGATIVE_TINY] + histogram[WINDOW - shift : WINDOW].sum()
+    out[_ZERO] = histogram[_ZERO]
+    out[_POSITIVE_TINY] = histogram[_POSITIVE_TINY] + histogram[_POSITIVE_TINY + 1 : _POSITIVE_TINY + 1 + shift].sum()
+    out[_POSITIVE_TINY + 1 : _PAD - shift] = histogram[_POSITIVE_TINY + 1 + shift : _PAD]
+    return out
 
 
 def recentered_sums(pieces, center: float) -> tuple[float, float]:

@@ -21,14 +21,15 @@ from typing import Iterable
 
 import numpy as np
 
-from advmon.stats.histograms import Histogram, coarsened
+from advmon.record import PERCENTILES, VALUE_KEYS, Histogram
+from advmon.stats.histograms import coarsened
 from advmon.stats.sketch_format import (
     _ABSSUM,
     _ADDITIVE,
+    _BIAS,
     _CENTER,
     _CSUM,
     _CSUMSQ,
-    _LEVEL,
     _MAX,
     _MIN,
     _N_FINITE,
@@ -36,34 +37,30 @@ from advmon.stats.sketch_format import (
     _N_NAN,
     _N_SCALARS,
     _N_VALID,
-    _OFFSET,
+    _NEGATIVE_TINY,
+    _PAD,
+    _PER_OCTAVE,
+    _POSITIVE_TINY,
+    _SIGN,
+    _SCALE,
+    _TOP,
+    _ZERO,
+    HIST_LEN,
+    WINDOW,
     HostPart,
     Part,
-    host_level,
+    bucket_bounds,
+    canonical_top,
+    host_positions,
+    lower_edges,
     recentered_sums,
+    scale_exponent,
+    shifted_histogram,
+    top_position,
 )
 from advmon.stats.transfer import to_host
 
 __all__ = ["PERCENTILES", "VALUE_KEYS", "summarize", "summarize_with_histogram"]
-
-PERCENTILES: tuple[tuple[str, float], ...] = (
-    ("p01", 0.01),
-    ("p10", 0.10),
-    ("p50", 0.50),
-    ("p90", 0.90),
-    ("p99", 0.99),
-)
-VALUE_KEYS: tuple[str, ...] = (
-    "mean",
-    "std",
-    "min",
-    "max",
-    "abs_mean",
-    "count",
-    "nan_count",
-    "inf_count",
-) + tuple(name for name, _ in PERCENTILES)
-
 
 def summarize(parts: Iterable[Part | HostPart]) -> dict[str, float]:
     """Finish the statistics of one stage from all its parts (see module docstring).
@@ -102,9 +99,9 @@ def summarize_with_histogram(parts: Iterable[Part | HostPart]) -> tuple[dict[str
         summary = _exact_summary(values, weights)
         if not summary["count"] > summary["nan_count"] + summary["inf_count"]:
             return summary, None
-        return summary, coarsened(*_merged_histogram(host_parts, summary["min"], summary["max"]))
+        return summary, _display_histogram(*_merged_histogram(host_parts, summary["min"], summary["max"]))
     summary, merged = _sketch_summary_and_histogram(host_parts)
-    return summary, None if merged is None else coarsened(*merged)
+    return summary, None if merged is None else _display_histogram(*merged)
 
 
 def _empty_summary(count: float = 0.0, nan_count: float = 0.0, inf_count: float = 0.0) -> dict[str, float]:
@@ -213,7 +210,7 @@ def _sketch_summary(parts: list[HostPart]) -> dict[str, float]:
 
 def _sketch_summary_and_histogram(
     parts: list[HostPart],
-) -> tuple[dict[str, float], tuple[int, np.ndarray, int] | None]:
+) -> tuple[dict[str, float], tuple[int, np.ndarray] | None]:
     """The summary, and the merged histogram it read its percentiles from (``None``: no finite value)."""
     moments = [_moments(part) for part in parts]
     totals = np.sum([m[_ADDITIVE] for m in moments], axis=0) if moments else np.zeros(_ABSSUM + 1)
@@ -237,9 +234,9 @@ def _sketch_summary_and_histogram(
         max=float(high),
         abs_mean=float(totals[_ABSSUM] / n),
     )
-    level, counts, first = _merged_histogram(parts, low, high)
-    summary.update(_histogram_percentiles(n, counts, first, level, low, high))
-    return summary, (level, counts, first)
+    top, counts = _merged_histogram(parts, low, high)
+    summary.update(_histogram_percentiles(n, counts, top, low, high))
+    return summary, (top, counts)
 
 
 def _moments(part: HostPart) -> np.ndarray:
@@ -265,37 +262,49 @@ def _moments(part: HostPart) -> np.ndarray:
     return scalars
 
 
-def _merged_histogram(parts: list[HostPart], low: float, high: float) -> tuple[int, np.ndarray, int]:
-    """All parts' finite values binned at one common level: (level, counts, first bin)."""
-    level = host_level(low, high)
-    for part in parts:
-        if part.kind == "sketch" and part.arrays[0][_N_FINITE] > 0:
-            level = max(level, int(part.arrays[0][_LEVEL]))
-    first = math.floor(math.ldexp(low, -level))
-    size = math.floor(math.ldexp(high, -level)) - first + 1
-    counts = np.zeros(size)
+def _merged_histogram(parts: list[HostPart], low: float, high: float) -> tuple[int, np.ndarray]:
+    """All parts' finite values in the buckets of one window, at the largest magnitude's: (top, counts).
+
+    A sketch's buckets shift to the common top (the ones below its window join the tiny buckets, as they
+    would in one call on all the values); exact parts' values are bucketed here by the same rule.
+    """
+    largest = max(-low, high)
+    top = top_position(largest, scale_exponent(largest))
+    counts = np.zeros(HIST_LEN)
     for part in parts:
         if part.kind == "sketch":
             scalars, histogram = part.arrays
-            if scalars[_N_FINITE] == 0:
-                continue
-            occupied = np.nonzero(histogram)[0]
-            absolute = occupied.astype(np.int64) + np.int64(scalars[_OFFSET])
-            coarse = absolute >> (level - int(scalars[_LEVEL]))
-            counts += np.bincount(coarse - first, weights=histogram[occupied], minlength=size)  # add.at: ~10x slower
+            if scalars[_N_FINITE] > 0:
+                counts += shifted_histogram(histogram, top - canonical_top(int(scalars[_TOP]), int(scalars[_SCALE])))
         else:
             values, weights = part.arrays
             finite = (weights > 0) & np.isfinite(values)
-            bins = np.floor(np.ldexp(values[finite], -level)).astype(np.int64) - first
-            counts += np.bincount(bins, weights=weights[finite], minlength=size)
-    return level, counts, first
+            counts += np.bincount(_bucket_indices(values[finite], top, scale_exponent(largest)),
+                                  weights=weights[finite], minlength=HIST_LEN)
+    return top, counts
 
 
-def _histogram_percentiles(
-    n: float, counts: np.ndarray, first: int, level: int, low: float, high: float
-) -> dict[str, float]:
+def _bucket_indices(values: np.ndarray, top: int, scale: int) -> np.ndarray:
+    """Every finite value's index in the histogram of a window whose top position is ``top``."""
+    biased = host_positions(values, scale)
+    negative = biased >= _SIGN
+    position = (biased & (_SIGN - 1)) - _BIAS - scale * _PER_OCTAVE  # canonical
+    below_top = top - position  # 0 for the top bucket
+    in_window = below_top < WINDOW
+    index = np.where(negative, np.where(in_window, below_top, _NEGATIVE_TINY),
+                     np.where(in_window, _PAD - 1 - below_top, _POSITIVE_TINY))
+    return np.where((biased & (_SIGN - 1)) == 0, _ZERO, index)
+
+
+def _histogram_percentiles(n: float, counts: np.ndarray, top: int, low: float, high: float) -> dict[str, float]:
+    """NumPy's linear percentiles with each order statistic read inside its bucket.
+
+    The rank's bucket, narrowed to ``[min, max]``, holds the order statistic; the estimate is interpolated
+    by rank inside it, so it is within the bucket's width (at most 1/128 of its lower edge) of the true
+    value. Zero's bucket gives exactly 0.
+    """
     cumulative = np.cumsum(counts)
-    width = math.ldexp(1.0, level)
+    lower, upper = bucket_bounds(top)
 
     def order_statistic(rank: int) -> float:
         if rank <= 0:
@@ -303,9 +312,24 @@ def _histogram_percentiles(
         if rank >= n - 1:
             return high
         b = int(np.searchsorted(cumulative, rank, side="right"))
+        if b == _ZERO:
+            return 0.0
         before = cumulative[b - 1] if b else 0.0
-        left = math.ldexp(float(first + b), level)
-        estimate = left + (rank - before + 0.5) / counts[b] * width
-        return min(max(estimate, low, left), high, left + width)
+        left, right = max(float(lower[b]), low), min(float(upper[b]), high)
+        estimate = left + (rank - before + 0.5) / counts[b] * (right - left)
+        return min(max(estimate, left), right)
 
     return _percentiles(n, order_statistic)
+
+
+def _display_histogram(top: int, counts: np.ndarray) -> Histogram | None:
+    """The merged buckets coarsened for display: zero and the tiny buckets as one bin around 0.
+
+    A negative bucket holds ``(-upper, -lower]``; its display bin, half-open like every bin, starts one
+    float above ``-upper`` and ends one above ``-lower``.
+    """
+    magnitudes = lower_edges(np.arange(top - WINDOW + 1, top + 2))
+    edges = np.concatenate([np.nextafter(-magnitudes[::-1], np.inf), magnitudes])
+    fine = np.concatenate([counts[:_NEGATIVE_TINY], [counts[_NEGATIVE_TINY : _POSITIVE_TINY + 1].sum()],
+                           counts[_POSITIVE_TINY + 1 : _PAD]])
+    return coarsened(edges, fine)

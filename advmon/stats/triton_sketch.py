@@ -7,12 +7,16 @@ kernel that reduces the blocks' results in a fixed order:
 
 1. ``_range_kernel``: per block, the counts (valid, NaN, finite), ``sum |x|``
    and the finite valid minimum and maximum.
-2. ``_finalize_range_kernel``: the totals, and the histogram's level, first bin
-   and moment center by the rule of :func:`~advmon.stats.sketch_format.binning`
-   (``frexp`` done on the float64 bits); it also zeroes the histogram.
+2. ``_finalize_range_kernel``: the totals, the moment center, and the scale and
+   top bucket by the rule of :func:`~advmon.stats.sketch_format.scale_exponent` and
+   :func:`~advmon.stats.sketch_format.top_position` (``frexp`` done on the float64
+   bits); it also zeroes the histogram.
 3. ``_moments_bins_kernel``: per block, the float64 sums of ``x - center`` and
-   its square, and a ``tl.histogram`` of the bins added to the global int32
-   histogram with one atomic add per occupied bin.
+   its square, and each value's bucket (read from the high half of its float32
+   bits, then placed in the part's window) added to the global int32 histogram
+   with an atomic add (integer atomics: the counts do not depend on their order).
+   A per-block ``tl.histogram`` of the part's 16,131 buckets would need 16,384
+   bins: AMD's compiler took more than five minutes over it.
 4. ``_finalize_moments_kernel``: the moments' totals.
 
 Values are read where they lie (any strides, an expand view included), in any
@@ -31,18 +35,33 @@ import torch
 import triton
 import triton.language as tl
 
-from advmon.stats.sketch_format import _HIST_LEN, _SKETCH_LEVEL_SHIFT, Part
+from advmon.stats.sketch_format import (
+    _BIAS,
+    _LARGEST_UNSCALED_EXPONENT,
+    _NEGATIVE_TINY,
+    _PER_OCTAVE,
+    _POSITIVE_TINY,
+    _SMALLEST_UNSCALED_EXPONENT,
+    _ZERO,
+    HIST_LEN,
+    WINDOW,
+    Part,
+)
 
 __all__ = ["BLOCK", "triton_part"]
 
 #: Values per program of the two passes.
 BLOCK = 8192
-#: ``tl.histogram``'s bins: a power of two above ``_HIST_LEN`` (the last bin used is the trash).
-_BINS = 2048
 #: Programs' partial results reduced per step by the one-program kernels.
 _REDUCE = 1024
 #: No fused multiply-adds: every product rounds as torch and NumPy round it (and Triton 3.10 changes the default).
 _OPTIONS = {"num_warps": 8, "enable_fp_fusion": False}
+#: The sketch format's constants the kernels need.
+_WINDOW_CONSTANTS = dict(
+    WINDOW=WINDOW, BIAS=_BIAS, PER_OCTAVE=_PER_OCTAVE, LOWEST_EXPONENT=_SMALLEST_UNSCALED_EXPONENT,
+    HIGHEST_EXPONENT=_LARGEST_UNSCALED_EXPONENT, NEGATIVE_TINY=_NEGATIVE_TINY, ZERO=_ZERO,
+    POSITIVE_TINY=_POSITIVE_TINY,
+)
 #: The int32 histogram counts at most this many values.
 _MAX_VALUES = (1 << 31) - 1
 
@@ -68,7 +87,7 @@ def triton_part(values: torch.Tensor, valid: torch.Tensor | None = None) -> Part
     partials = torch.empty((programs, 6), dtype=torch.float64, device=device)
     moments = torch.empty((programs, 2), dtype=torch.float64, device=device)
     scalars = torch.empty(12, dtype=torch.float64, device=device)
-    histogram = torch.empty(_HIST_LEN, dtype=torch.int32, device=device)
+    histogram = torch.empty(HIST_LEN, dtype=torch.int32, device=device)
     mask = valid if valid is not None else values
     reading = dict(
         count=count,
@@ -83,11 +102,10 @@ def triton_part(values: torch.Tensor, valid: torch.Tensor | None = None) -> Part
     )
     _range_kernel[(programs,)](values, mask, partials, **reading, **_OPTIONS)
     _finalize_range_kernel[(1,)](
-        partials, programs, scalars, histogram, HIST_LEN=_HIST_LEN, SHIFT=_SKETCH_LEVEL_SHIFT, REDUCE=_REDUCE,
-        **_OPTIONS,
+        partials, programs, scalars, histogram, HIST_LEN=HIST_LEN, REDUCE=_REDUCE, **_WINDOW_CONSTANTS, **_OPTIONS,
     )
     _moments_bins_kernel[(programs,)](
-        values, mask, scalars, moments, histogram, **reading, BINS=_BINS, HIST_LEN=_HIST_LEN, **_OPTIONS
+        values, mask, scalars, moments, histogram, **reading, HIST_LEN=HIST_LEN, **_WINDOW_CONSTANTS, **_OPTIONS,
     )
     _finalize_moments_kernel[(1,)](moments, programs, scalars, REDUCE=_REDUCE, **_OPTIONS)
     return Part("sketch", (scalars, histogram))
@@ -129,8 +147,10 @@ def _range_kernel(values, mask, partials, count, cols, v_row, v_col, m_row, m_co
 
 
 @triton.jit
-def _finalize_range_kernel(partials, programs, scalars, histogram,
-                           HIST_LEN: tl.constexpr, SHIFT: tl.constexpr, REDUCE: tl.constexpr):
+def _finalize_range_kernel(partials, programs, scalars, histogram, HIST_LEN: tl.constexpr, REDUCE: tl.constexpr,
+                           WINDOW: tl.constexpr, BIAS: tl.constexpr, PER_OCTAVE: tl.constexpr,
+                           LOWEST_EXPONENT: tl.constexpr, HIGHEST_EXPONENT: tl.constexpr,
+                           NEGATIVE_TINY: tl.constexpr, ZERO: tl.constexpr, POSITIVE_TINY: tl.constexpr):
     lanes = tl.arange(0, REDUCE)
     n_valid = tl.zeros([REDUCE], dtype=tl.float64)
     n_nan = tl.zeros([REDUCE], dtype=tl.float64)
@@ -153,16 +173,12 @@ def _finalize_range_kernel(partials, programs, scalars, histogram,
     finite_total = tl.sum(n_finite, axis=0)
     least = tl.min(low, axis=0)
     most = tl.max(high, axis=0)
-    # sketch_format.binning, on scalars.
-    spread = most - least
-    floor_level = _frexp_exponent(tl.maximum(-least, most)) - 62
-    level = tl.where(spread > 0, _frexp_exponent(spread) - (1 + SHIFT), floor_level)
-    level = tl.maximum(level, floor_level)
-    ok = spread >= 0  # not the empty range (inf - -inf is -inf)
-    level = tl.where(ok, level, 0)
-    minus = -level
-    first = minus >> 1  # an arithmetic shift: floor(minus / 2)
-    offset = tl.where(ok, tl.floor(least * _power_of_two(first) * _power_of_two(minus - first)), 0.0)
+    # sketch_format.scale_exponent and top_position, on scalars.
+    largest = tl.maximum(-least, most)  # -inf without a finite value
+    exponent = _frexp_exponent(largest)  # 0 for -inf
+    scale = tl.minimum(tl.maximum(exponent, LOWEST_EXPONENT), HIGHEST_EXPONENT) - exponent
+    scaled = (largest * _power_of_two(scale)).to(tl.float32)
+    highest = tl.maximum(scaled.to(tl.int32, bitcast=True) >> 16, WINDOW)  # -inf's bits: any window
     tl.store(scalars + 0, valid_total)
     tl.store(scalars + 1, nan_total)
     tl.store(scalars + 2, valid_total - nan_total - finite_total)
@@ -171,8 +187,8 @@ def _finalize_range_kernel(partials, programs, scalars, histogram,
     tl.store(scalars + 5, least)
     tl.store(scalars + 6, most)
     tl.store(scalars + 7, least / 2 + most * 0.5)
-    tl.store(scalars + 10, level.to(tl.float64))
-    tl.store(scalars + 11, offset)
+    tl.store(scalars + 10, highest.to(tl.float64))
+    tl.store(scalars + 11, scale.to(tl.float64))
     for start in range(0, HIST_LEN, REDUCE):
         at = start + lanes
         tl.store(histogram + at, tl.zeros([REDUCE], dtype=tl.int32), mask=at < HIST_LEN)
@@ -180,24 +196,28 @@ def _finalize_range_kernel(partials, programs, scalars, histogram,
 
 @triton.jit
 def _moments_bins_kernel(values, mask, scalars, moments, histogram, count, cols, v_row, v_col, m_row, m_col,
-                         HAS_MASK: tl.constexpr, FLAT: tl.constexpr, BLOCK: tl.constexpr,
-                         BINS: tl.constexpr, HIST_LEN: tl.constexpr):
+                         HAS_MASK: tl.constexpr, FLAT: tl.constexpr, BLOCK: tl.constexpr, HIST_LEN: tl.constexpr,
+                         WINDOW: tl.constexpr, BIAS: tl.constexpr, PER_OCTAVE: tl.constexpr,
+                         LOWEST_EXPONENT: tl.constexpr, HIGHEST_EXPONENT: tl.constexpr,
+                         NEGATIVE_TINY: tl.constexpr, ZERO: tl.constexpr, POSITIVE_TINY: tl.constexpr):
     x, keep, usable = _load_block(values, mask, count, cols, v_row, v_col, m_row, m_col, HAS_MASK, FLAT, BLOCK)
     center = tl.load(scalars + 7)
-    level = tl.load(scalars + 10).to(tl.int32)
-    offset = tl.load(scalars + 11)
+    scale = tl.load(scalars + 11).to(tl.int32)
+    highest = tl.load(scalars + 10).to(tl.int32)
     deviation = tl.where(usable, x - center, 0.0)
     out = moments + tl.program_id(0).to(tl.int64) * 2
     tl.store(out + 0, tl.sum(deviation, axis=0))
     tl.store(out + 1, tl.sum(deviation * deviation, axis=0))
-    minus = -level
-    first = minus >> 1
-    scaled = tl.where(usable, x, 0.0) * _power_of_two(first) * _power_of_two(minus - first)  # exact: powers of two
-    index = tl.where(usable, tl.floor(scaled) - offset, HIST_LEN)  # HIST_LEN: the trash bin
-    index = tl.minimum(tl.maximum(index, 0.0), HIST_LEN).to(tl.int32)
-    counts = tl.histogram(index, BINS)
-    bins = tl.arange(0, BINS)
-    tl.atomic_add(histogram + bins, counts, mask=(bins < HIST_LEN) & (counts > 0))
+    # The bucket: the high half of the scaled value's float32 bits, placed in the part's window.
+    bits = (tl.where(usable, x, 0.0) * _power_of_two(scale)).to(tl.float32).to(tl.int32, bitcast=True)
+    magnitude = (bits >> 16) & 0x7FFF
+    below_top = highest - magnitude  # 0 for the top bucket
+    in_window = below_top < WINDOW
+    negative_index = tl.where(in_window, below_top, NEGATIVE_TINY)
+    positive_index = tl.where(in_window, HIST_LEN - 2 - below_top, POSITIVE_TINY)  # HIST_LEN - 1: the padding
+    index = tl.where(bits < 0, negative_index, positive_index)
+    index = tl.where(magnitude == 0, ZERO, index)
+    tl.atomic_add(histogram + index, tl.full([BLOCK], 1, dtype=tl.int32), mask=usable)
 
 
 @triton.jit
