@@ -29,7 +29,9 @@ class JsonlSink(Sink):
     holds another run's records (a script run again): it is moved aside, to
     ``<name>.<its time>.jsonl``, said once, and this run starts its own file, so readers
     never mix two runs. With ``resume=True`` (``Monitor(resume=True)``, ``ADVMON_RESUME=1``)
-    records are appended to it instead: a run continued from a checkpoint.
+    records are appended to it instead: a run continued from a checkpoint. In a process forked
+    from the one that made the sink, it writes ``<name>.<host>-<pid>.jsonl`` instead, said once:
+    a child never writes, moves or renames its parent's file.
 
     Example:
         >>> import tempfile, os
@@ -46,8 +48,9 @@ class JsonlSink(Sink):
     histograms = True
     synchronous = True  # written first, before any queued sink takes the record: the record of record
 
-    #: Sinks of this process with a file open: a second sink on one of their files joins it (two monitors of one
-    #: run), rather than moving it aside.
+    #: Sinks of this process with a file open: a second sink on one of their files joins it (monitors of several
+    #: runs writing one file on purpose, read back as FILE#RUN), rather than moving it aside. Two monitors of one
+    #: run never get here: the newer one closes the earlier (advmon.monitor).
     _writing: weakref.WeakSet[JsonlSink] = weakref.WeakSet()
     _writing_lock = threading.Lock()
 
