@@ -80,14 +80,20 @@ def grpo(prompt_ids, rewards, mask):
     return advantages.reshape(-1, 1) * mask
 
 
-def test_group_size_never_overrides_the_groups_the_estimator_was_given(sink):
+@pytest.mark.parametrize("path", [None, "torch"], ids=["cpu", "device"])
+@pytest.mark.parametrize("rows", [False, True], ids=["ids", "prompt-rows"])
+def test_group_size_never_overrides_the_groups_the_estimator_was_given(sink, path, rows):
     """Regression: @watch(group_size=8) on est(prompt_ids, rewards, mask) with 4 real groups of 4 recorded
     groups/count 2 and zero_std_fraction 0.0 (true: 4 and 0.5)."""
+    from advmon.stats import statistics_path
+
     estimator = sink.monitor.watch(group_size=8)(grpo)
     rewards = torch.tensor([1.0, 1, 1, 1, 0, 1, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1])
     prompt_ids = torch.arange(4).repeat_interleave(4)
+    given = torch.stack([prompt_ids, 10 + prompt_ids], 1) if rows else prompt_ids
     with pytest.warns(advmon.AdvmonWarning, match="group_size=8 disagrees with the 4 groups"):
-        estimator(prompt_ids, rewards, torch.ones(16, 3))
+        with statistics_path(path):
+            estimator(given, rewards, torch.ones(16, 3))
         sink.monitor.flush()
     metrics = sink.records[-1].metrics
     expected = group_stats(rewards.numpy(), prompt_ids.tolist(), (0.0, 1.0))
