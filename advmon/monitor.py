@@ -86,7 +86,11 @@ class Monitor:
 
     Args:
         run: the run id, used by sinks and as the JSONL file name (default: a
-            readable generated id such as ``run-20261202-181533-4f2a``).
+            readable generated id such as ``run-20261202-181533-4f2a``). Every reader must
+            read it back, so it is 1 to 200 UTF-8 bytes of printable characters, without
+            ``/``, ``\\`` or ``#``, not starting with ``.`` or ``-``. A run has one monitor in a
+            process: a monitor of a run whose monitor is still open (a notebook cell run again
+            without ``close()``) closes that one, says so, and takes the run over.
         sinks: where records go: objects with ``write(record)`` or spec strings
             (``"jsonl:PATH"``, ``"wandb:PROJECT"``, ``"mlflow:URI"``,
             ``"trackio:PROJECT"``, ``"prometheus:HOST:PORT"``, ``"pushgateway:URL"``). Default: a
