@@ -52,16 +52,25 @@ def baseline_and_std(prompt_ids: torch.Tensor, rewards: torch.Tensor, leave_one_
     """Per sample: the mean of its group (its peers only, when leaving one out) and the Bessel std of the same."""
     group = _groups(prompt_ids)
     baseline, std = torch.zeros_like(rewards), torch.zeros_like(rewards)
-    for g in group.unique():
-        members = torch.nonzero(group == g).flatten()
+    # The groups of one size at once, each sample's pool a row (float64, as one sample at a time had it: the
+    # same values bit for bit, at a tenth of the zoo's time, where this was most of the NeMo-RL cases').
+    order = torch.argsort(group, stable=True)  # each group's members together, in their order
+    sizes = torch.bincount(group)
+    starts = torch.cumsum(sizes, 0) - sizes
+    for size in sizes[sizes > 0].unique().tolist():
+        members = order[starts[sizes == size, None] + torch.arange(size)]  # [groups of this size, size]
         values = rewards[members].double()
-        for position, sample in enumerate(members.tolist()):
-            pool = torch.cat([values[:position], values[position + 1:]]) if leave_one_out else values
-            if pool.numel() == 0:
-                baseline[sample] = rewards[sample]
+        if leave_one_out:
+            if size == 1:  # no peers: the sample is its own baseline
+                baseline[members] = rewards[members]
                 continue
-            baseline[sample] = pool.mean().to(rewards.dtype)
-            std[sample] = (pool.std() if pool.numel() > 1 else torch.zeros(())).to(rewards.dtype)
+            peers = torch.arange(size).expand(size, size)[~torch.eye(size, dtype=torch.bool)].view(size, size - 1)
+            pools = values[:, peers]  # [groups, size, size - 1]
+        else:
+            pools = values[:, None, :].expand(-1, size, -1)  # [groups, size, size]: the whole group, each
+        baseline[members] = pools.mean(-1).to(rewards.dtype)
+        if pools.shape[-1] > 1:
+            std[members] = pools.std(-1).to(rewards.dtype)
     return baseline, std
 
 

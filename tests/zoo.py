@@ -30,6 +30,8 @@ most groups' rewards all equal.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import math
 import os
@@ -160,6 +162,16 @@ class Policy:
         self.difficulty = self.rng.normal(0.0, 1.5, 4 * case.prompts)
 
     def rollouts(self, step: int) -> Batch:
+        """Step ``step``'s rollouts, a copy of the run's own. The draws depend on the case and never on the
+        estimator, so a run's steps are drawn once per process, in step order as a run draws them, and every
+        estimator fed that run gets the same batches (made anew for each, they cost as much as some estimators)."""
+        key = (dataclasses.replace(self.case, estimator=""), self.components)
+        if key not in _ROLLOUTS:
+            policy = Policy(self.case, self.components)
+            _ROLLOUTS[key] = [policy._draw(each) for each in range(self.case.steps)]
+        return copy.deepcopy(_ROLLOUTS[key][step])
+
+    def _draw(self, step: int) -> Batch:
         case, rng = self.case, self.rng
         prompts = rng.choice(self.difficulty.size, case.prompts, replace=False)
         skill = -0.6 + 1.2 * step / max(case.steps - 1, 1)
@@ -200,6 +212,10 @@ class Policy:
             chosen = rng.random(case.prompts) < 0.95
             for values in groups.values():
                 values[chosen] = values[chosen, :1]
+
+
+#: Each run's batches, step by step, keyed by the case less its estimator and the reward components drawn.
+_ROLLOUTS: dict[tuple[Case, int], list[Batch]] = {}
 
 
 def break_advantages(case: Case, step: int, advantages: torch.Tensor) -> torch.Tensor:
