@@ -68,7 +68,7 @@ def test_the_torch_path_matches_numpy_and_the_cpu_sketch_bin_for_bin(name, value
         part = tensor_part(values, mask)
     assert part.kind == "sketch"
     expected = value_stats(values.to(torch.float64).numpy(), None if mask is None else mask.to(torch.float64).numpy())
-    assert_stats_close(summarize([part]), expected, exact_percentiles=False)  # percentiles: the promised 1/512
+    assert_stats_close(summarize([part]), expected, exact_percentiles=False)  # percentiles: the 0.8% promise
     reference_mask = mask if mask is not None else torch.ones(values.shape)
     assert_same_sketch(part, general_part(values.float() if values.dtype == torch.bfloat16 else values,
                                           reference_mask))

@@ -60,7 +60,7 @@ def test_the_sketch_kernels_match_numpy_and_the_cpu_sketch_bin_for_bin(name, val
     part = triton_part(on_device(values), on_device(mask))
     part = stats.Part(part.kind, tuple(t.cpu() for t in part.tensors))
     expected = value_stats(values.to(torch.float64).numpy(), None if mask is None else mask.to(torch.float64).numpy())
-    assert_stats_close(summarize([part]), expected, exact_percentiles=False)  # percentiles: the promised 1/512
+    assert_stats_close(summarize([part]), expected, exact_percentiles=False)  # percentiles: the 0.8% promise
     reference_values = values.float() if values.dtype == torch.bfloat16 else values
     assert_same_sketch(part, general_part(reference_values, mask if mask is not None else torch.ones(values.shape)))
 

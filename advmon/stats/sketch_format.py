@@ -14,8 +14,8 @@ A part keeps :data:`WINDOW` buckets of each sign below its largest magnitude's
 (63 powers of two, down to ``2**-63`` of the largest ``|x|``), one bucket for the
 magnitudes below that ("tiny") on each side, one for zero and an always-empty one that
 pads the length to an even number: :data:`HIST_LEN` int32 counts, 64,528 bytes, which
-cross to the host as their bits, two to a float64 (:mod:`advmon.stats.transfer`). Buckets are positions ``exponent * 128 + mantissa
-bits``; the part's :data:`_TOP` and :data:`_SCALE` say which position its last bucket
+cross to the host as their bits, two to a float64 (:mod:`advmon.stats.transfer`).
+Buckets are positions ``exponent * 128 + mantissa bits``; the part's :data:`_TOP` and :data:`_SCALE` say which position its last bucket
 holds (:func:`canonical_top`), so parts merge exactly by shifting to the largest top
 (a bucket that falls below the merged window joins "tiny", as it would have in one
 call on all the values).
@@ -44,6 +44,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -233,10 +234,12 @@ def lower_edges(positions: np.ndarray) -> np.ndarray:
     return np.ldexp(mantissas, (positions >> MANTISSA_BITS).astype(np.int32))
 
 
+@functools.lru_cache(maxsize=32)
 def bucket_bounds(top: int) -> tuple[np.ndarray, np.ndarray]:
     """Every histogram index's ``(lower, upper)`` value bounds for a part with top position ``top``.
 
-    Zero's bucket is ``[0, 0]``; the tiny buckets reach from zero to the window's edge.
+    Zero's bucket is ``[0, 0]``; the tiny buckets reach from zero to the window's edge. Kept for the
+    tops seen last (a run's steps share a few): read-only arrays.
     """
     lowest = top - WINDOW + 1
     magnitudes = lower_edges(np.arange(lowest, top + 2))  # W + 1 edges, ascending
@@ -248,6 +251,8 @@ def bucket_bounds(top: int) -> tuple[np.ndarray, np.ndarray]:
     lower[_POSITIVE_TINY], upper[_POSITIVE_TINY] = 0.0, magnitudes[0]
     lower[_POSITIVE_TINY + 1 : _PAD], upper[_POSITIVE_TINY + 1 : _PAD] = magnitudes[:-1], magnitudes[1:]
     lower[_PAD] = upper[_PAD] = magnitudes[-1]  # never holds a value
+    lower.setflags(write=False)
+    upper.setflags(write=False)
     return lower, upper
 
 

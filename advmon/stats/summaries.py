@@ -16,13 +16,14 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable
 
 import numpy as np
 
 from advmon.record import PERCENTILES, VALUE_KEYS, Histogram
-from advmon.stats.histograms import coarsened
+from advmon.stats.histograms import MAX_BINS, coarsened
 from advmon.stats.sketch_format import (
     _ABSSUM,
     _ADDITIVE,
@@ -301,25 +302,23 @@ def _histogram_percentiles(n: float, counts: np.ndarray, top: int, low: float, h
 
     The rank's bucket, narrowed to ``[min, max]``, holds the order statistic; the estimate is interpolated
     by rank inside it, so it is within the bucket's width (at most 1/128 of its lower edge) of the true
-    value. Zero's bucket gives exactly 0.
+    value. Zero's bucket gives exactly 0. The ten order statistics are read at once.
     """
     cumulative = np.cumsum(counts)
     lower, upper = bucket_bounds(top)
-
-    def order_statistic(rank: int) -> float:
-        if rank <= 0:
-            return low
-        if rank >= n - 1:
-            return high
-        b = int(np.searchsorted(cumulative, rank, side="right"))
-        if b == _ZERO:
-            return 0.0
-        before = cumulative[b - 1] if b else 0.0
-        left, right = max(float(lower[b]), low), min(float(upper[b]), high)
-        estimate = left + (rank - before + 0.5) / counts[b] * (right - left)
-        return min(max(estimate, left), right)
-
-    return _percentiles(n, order_statistic)
+    virtual = (n - 1) * np.array([q for _, q in PERCENTILES])
+    below = np.floor(virtual)
+    ranks = np.concatenate([below, np.minimum(below + 1, n - 1)])
+    b = np.searchsorted(cumulative, ranks, side="right")
+    before = np.where(b > 0, cumulative[np.maximum(b - 1, 0)], 0.0)
+    left, right = np.maximum(lower[b], low), np.minimum(upper[b], high)
+    estimate = np.minimum(np.maximum(left + (ranks - before + 0.5) / counts[b] * (right - left), left), right)
+    estimate = np.where(b == _ZERO, 0.0, estimate)
+    estimate = np.where(ranks <= 0, low, np.where(ranks >= n - 1, high, estimate))
+    statistics = estimate.tolist()
+    count = len(PERCENTILES)
+    return {name: _lerp(statistics[i], statistics[count + i], float(virtual[i] - below[i]))
+            for i, (name, _) in enumerate(PERCENTILES)}
 
 
 def _display_histogram(top: int, counts: np.ndarray) -> Histogram | None:
@@ -328,8 +327,26 @@ def _display_histogram(top: int, counts: np.ndarray) -> Histogram | None:
     A negative bucket holds ``(-upper, -lower]``; its display bin, half-open like every bin, starts one
     float above ``-upper`` and ends one above ``-lower``.
     """
-    magnitudes = lower_edges(np.arange(top - WINDOW + 1, top + 2))
-    edges = np.concatenate([np.nextafter(-magnitudes[::-1], np.inf), magnitudes])
     fine = np.concatenate([counts[:_NEGATIVE_TINY], [counts[_NEGATIVE_TINY : _POSITIVE_TINY + 1].sum()],
                            counts[_POSITIVE_TINY + 1 : _PAD]])
+    edges = _display_edges(top)
+    if np.count_nonzero(fine) > 2 * MAX_BINS:
+        # Many distinct buckets: runs of _DISPLAY_RUN fine buckets first (what the 64 bins would merge anyway), so
+        # that coarsening reads 2,017 bins, not 16,129; the run holding 0 starts there (WINDOW is a multiple).
+        padded = np.concatenate([fine, np.zeros(-fine.size % _DISPLAY_RUN)])
+        fine = padded.reshape(-1, _DISPLAY_RUN).sum(axis=1)
+        edges = np.append(edges[:-1:_DISPLAY_RUN], edges[-1])
     return coarsened(edges, fine)
+
+
+#: Fine buckets merged before coarsening a histogram of many distinct buckets (a sixteenth of an octave).
+_DISPLAY_RUN = 8
+
+
+@functools.lru_cache(maxsize=32)
+def _display_edges(top: int) -> np.ndarray:
+    """The display bins' edges for a window whose top position is ``top`` (kept for the tops seen last)."""
+    magnitudes = lower_edges(np.arange(top - WINDOW + 1, top + 2))
+    edges = np.concatenate([np.nextafter(-magnitudes[::-1], np.inf), magnitudes])
+    edges.setflags(write=False)
+    return edges
