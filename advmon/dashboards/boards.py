@@ -170,8 +170,8 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
             ),
             PanelSpec(
                 "Post-norm percentiles",
-                "p1, p10, p50, p90, p99 of the returned advantages (exact, or within 0.2% of the range for large "
-                "batches). Tails that widen while the median holds mean a few groups dominate the update.",
+                "p1, p10, p50, p90, p99 of the returned advantages (exact, or within 0.8% of the true value for "
+                "large batches, at any range). Tails that widen while the median holds mean a few groups dominate the update.",
                 "none", [Query(m("advmon_advantage_percentile", stage="post_norm"), "{{run}} p{{percentile}}")],
             ),
         ],
