@@ -1,6 +1,7 @@
 # advmon: two commands on a fresh machine.
 #   make demo   run advmon's main job (simulated GRPO runs) with nothing else to start
 #   make test   install what the tests need, start the real services they use, run the suite
+#   make test-quick   the tests that need no service, framework or subprocess: the inner loop
 # Both create and reuse .venv/ and are idempotent.
 
 PYTHON ?= python3
@@ -22,13 +23,35 @@ DEV_STAMP := $(VENV)/.advmon-dev
 SERVICE_PACKAGES := prometheus prometheus-pushgateway prometheus-alertmanager chromium
 SERVICE_BINARIES := prometheus promtool prometheus-pushgateway prometheus-alertmanager amtool chromium
 
-.PHONY: demo test bench bench-gpu reliability services install clean
+.PHONY: demo test test-quick bench bench-gpu reliability services install clean
 
 demo: $(CORE_STAMP)
 	$(VENV)/bin/advmon demo
 
+# The whole suite on TEST_WORKERS pytest-xdist workers, each with one intra-op thread (tests/conftest.py);
+# more workers than cores, since many tests wait on a real service or a subprocess. loadgroup keeps the
+# tests of a shared set-up (a Ray cluster, a module's Prometheus) on one worker. It ends with the ten
+# slowest tests and the total time; docs/performance.md ("The test suite's time") keeps the per-file times.
+TEST_WORKERS ?= 3
 test: $(DEV_STAMP) services
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10
+
+# The inner loop (at most 90 s): the tests that need no service, no framework and no subprocess (the engine,
+# the record, the monitor, the catalog, the CLI's parsing), less the few of their files' tests that do and
+# the three large-batch checks, a minute of CPU between them (make test runs every one).
+QUICK_TESTS := tests/test_stats.py tests/test_groups.py tests/test_normalization.py tests/test_prefix_sketch.py \
+	tests/test_histograms.py tests/test_exemplars.py tests/test_slices.py tests/test_hooks.py tests/test_monitor.py \
+	tests/test_settings_once.py tests/test_parameter_names.py tests/test_rerun.py tests/test_runbooks.py \
+	tests/test_structure.py tests/test_cli.py tests/test_alerts_inprocess.py \
+	tests/test_rule_specifications.py::test_every_rule_over_records_has_a_hand_written_case \
+	tests/test_rule_specifications.py::test_in_process_evaluator_fires_where_the_definition_says \
+	advmon/stats advmon/record.py advmon/rules.py
+QUICK_DESELECT := tests/test_cli.py::test_version \
+	tests/test_alerts_inprocess.py::test_wandb_alert_lands_in_the_offline_run_file \
+	tests/test_groups.py::test_group_means_stay_exact_in_a_large_batch \
+	tests/test_prefix_sketch.py::test_prefix_path_matches_numpy_and_the_general_sketch
+test-quick: $(DEV_STAMP)
+	$(PY) -m pytest -n 2 --durations=5 $(QUICK_TESTS) $(addprefix --deselect ,$(QUICK_DESELECT))
 
 # The never-raise / never-lose / never-leak tests (docs/reliability.md); make test runs them too.
 reliability: $(DEV_STAMP) services

@@ -4,7 +4,16 @@ import logging
 import os
 
 import pytest
-import torch
+
+# One intra-op thread per test process, and for the processes the tests start (they inherit it): make test
+# runs a worker per core, and a second OpenMP thread per worker only waits for a core another worker holds.
+# Tiny ops suffer most: a TRL zoo case ran 20x slower with two threads on two busy cores than with one. A
+# test about thread counts sets its own (test_host_half); an OMP_NUM_THREADS of the caller's is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402 - after OMP_NUM_THREADS, which torch reads when it loads
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Without a GPU, Triton runs its kernels on CPU tensors with NumPy; it reads this when a
 # kernel is defined, so it is set before any test imports advmon's Triton modules. Set, not
@@ -62,6 +71,32 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if reporter is not None:
             reporter.write_line(message, red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+#: Tests of half a minute and more in make test (docs/performance.md, "The test suite's time"): started first,
+#: so that the run does not end with one worker busy on one of them while the others wait.
+SLOW_FIRST = (
+    "tests/test_alert_zoo.py::test_healthy_runs_raise_no_alert_at_any_reward_scale[trl/",
+    "tests/test_alert_zoo.py::test_every_fault_is_flagged_within_ten_steps_of_its_onset[trl/",
+    "tests/test_fleet_remote_write.py::",
+    "tests/test_install.py::test_what_the_docs_say_to_run_after_make_demo_works_after_make_demo",
+    "tests/test_install.py::test_the_quickstart_install_works_in_a_fresh_venv",
+    "tests/test_mlflow.py::test_a_dead_server_never_stops_training_and_replay_backfills",
+    "tests/test_device_paths.py::test_the_gpu_profile_runs",
+)
+#: Modules whose tests share a module-scoped set-up (a Ray cluster; a Prometheus over prepared runs; a page
+#: Chromium drew): each runs on one xdist worker (make test's ``--dist loadgroup``), which sets it up once.
+SHARED_SET_UP = ("tests/test_dashboards.py", "tests/test_integration_ray.py", "tests/test_report_layout.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slowest tests first, then the shared set-ups, then the rest in their order; a group per shared set-up."""
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        if module in SHARED_SET_UP:
+            item.add_marker(pytest.mark.xdist_group(module))
+    items.sort(key=lambda item: 0 if item.nodeid.startswith(SLOW_FIRST) else
+               1 if item.nodeid.split("::")[0] in SHARED_SET_UP else 2)  # a stable sort
 
 
 class SettledRecords(list):
