@@ -77,7 +77,7 @@ bench-gpu:
 	PYTHONPATH=. $(GPU_PYTHON) benchmarks/bench_gpu.py
 	PYTHONPATH=. $(GPU_PYTHON) benchmarks/profile_gpu.py
 	PYTHONPATH=. $(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_triton_kernels.py \
-		tests/test_monitor.py::test_cuda_tensors
+		tests/test_percentiles.py tests/test_transfer_protocol.py tests/test_monitor.py::test_cuda_tensors
 
 install: $(DEV_STAMP)
 

@@ -119,14 +119,16 @@ class StepParts:
         self.slices[name] = merged
 
 
-def cross(calls: Sequence[CallParts]) -> Transfer:
+def cross(calls: Sequence[CallParts], timeout: float | None = None) -> Transfer:
     """Start a step's one crossing: every call's device parts and ``[B]``-sized vectors, packed.
 
     This is the training thread's share of a record; it never waits for a device
     (:func:`~advmon.stats.start_transfer`). What crosses is advmon's own copy, so the
-    caller may change its tensors once the call returned.
+    caller may change its tensors once the call returned. ``timeout``: how long the
+    host half waits for a device's copy (the monitor's ``close_timeout``).
     """
-    return start_transfer([t for call in calls for t in (*_device_tensors(call), *_vectors(call))])
+    tensors = [t for call in calls for t in (*_device_tensors(call), *_vectors(call))]
+    return start_transfer(tensors) if timeout is None else start_transfer(tensors, timeout)
 
 
 def collect(calls: Sequence[CallParts], problems: list[Problem] | None = None,

@@ -36,7 +36,7 @@ from advmon.config.checks import (
 )
 from advmon.config.environment import jsonl_path, monitor_settings
 from advmon.config.specs import sinks_from_env, specs_from_env
-from advmon.errors import AdvmonConfigError, AdvmonError, closing_on_error, warn
+from advmon.errors import AdvmonConfigError, AdvmonError, closing_on_error, on_users_path, warn, warnings_kept
 from advmon.hooks import (
     ActiveCall,
     ArgumentNames,
@@ -541,6 +541,7 @@ class Monitor:
         undelivered = self._delivery.close(max(deadline - time.monotonic(), 0.0))
         self._count_sink_failures()
         self._say_losses(undelivered)
+        self._say_deferred()  # closed at the interpreter's exit, no frame is the user's: say them now anyway
         lifecycle.untrack(self)
 
     def _count_sink_failures(self) -> None:
@@ -719,8 +720,18 @@ class Monitor:
             self._report([_internal_problem(exc)], cause=exc, quiet=quiet)
             return
         lifecycle.install_sigterm_flush()  # a job stopped with SIGTERM still writes what it handed over
-        self._host.submit(partial(self._finish_record, step, calls, crossing, self._slice_index.folded, quiet))
+        self._host.submit(partial(self._finish_record_later, step, calls, crossing, self._slice_index.folded, quiet))
         self._say_deferred()
+
+    def _finish_record_later(self, *args: Any) -> None:
+        """:meth:`_finish_record` on the host half's thread: what a sink warns there (the JSONL sink moving an
+        earlier run's file aside) is said at the training thread's next call, where it names the user's line."""
+        with warnings_kept(self._keep_warning):
+            self._finish_record(*args)
+
+    def _keep_warning(self, message: str) -> None:
+        with self._lock:
+            self._deferred_warnings.append(message)
 
     def _finish_record(self, step: int, calls: list[CallParts], crossing: Any, folded: int, quiet: bool) -> None:
         """The host half: the record from the crossing, its JSONL line, the other sinks, the stop check."""
@@ -833,7 +844,7 @@ class Monitor:
             if kind in self._warned:
                 return
             self._warned.add(kind)
-        self._warn(f"advmon: {message} [{kind}; not repeated]", stacklevel=2)
+        self._warn(f"advmon: {message} [{kind}; not repeated]")
 
     def _report(self, problems: list[Problem], cause: BaseException | None = None, quiet: bool = False) -> None:
         """Count problems, warn once per kind, or raise in strict mode."""
@@ -848,18 +859,17 @@ class Monitor:
         for problem in fresh:
             self._warn(
                 f"advmon: {problem.message} [{problem.kind}; counted in advmon/internal_errors, "
-                "not repeated]",
-                stacklevel=4,
+                "not repeated]"
             )
 
-    def _warn(self, message: str, stacklevel: int) -> None:
-        """Warn now, or, from the host half's thread, at the training thread's next call (where a warning
-        filter that raises cannot stop the record's delivery, and ``pytest.warns`` and logs see it)."""
-        if self._host.on_worker():
-            with self._lock:
-                self._deferred_warnings.append(message)
+    def _warn(self, message: str) -> None:
+        """Warn now, or, from the host half's thread or a sink's, at the training thread's next call (where a
+        warning filter that raises cannot stop the record's delivery, ``pytest.warns`` and logs see it, and the
+        warning names the user's line)."""
+        if self._host.on_worker() or not on_users_path():
+            self._keep_warning(message)
             return
-        warn(message, stacklevel=stacklevel + 1)
+        warn(message)
 
     def _say_deferred(self) -> None:
         """Warn what the host half found, on the calling thread."""
@@ -868,7 +878,7 @@ class Monitor:
         with self._lock:
             messages, self._deferred_warnings = self._deferred_warnings, []
         for message in messages:
-            warn(message, stacklevel=4)
+            warn(message)
 
     def _settle(self, timeout: float | None = None) -> None:
         """Wait for records still being finished (at most ``timeout``, default twice ``close_timeout``: a record
@@ -902,7 +912,7 @@ def _take_over_run(run: str) -> bool:
     was_default = lifecycle.current_default() is previous
     warn(f"advmon: run {run!r} already had an open Monitor in this process (a notebook cell run again without "
          "close()?); that monitor is closed now and this one records the run from here, so the two never write "
-         "one file. Give each monitor a run of its own to keep both open", stacklevel=3)
+         "one file. Give each monitor a run of its own to keep both open")
     try:
         previous.close()
     except Exception as exc:  # noqa: BLE001 - its own close warns what it could not do; this monitor still starts

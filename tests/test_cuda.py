@@ -212,3 +212,42 @@ def test_deterministic_algorithms_are_no_obstacle(path, sink):
         torch.use_deterministic_algorithms(previous)
     assert_stats_close(sink.records[-1].metrics, value_stats(dense.cpu().numpy(), mask.cpu().numpy()),
                        "advantages/post_norm/", exact_percentiles=False)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_record_copied_under_a_busy_side_stream_is_read_after_its_copy(path, sink):
+    """Issue 40: the event must mark the stream the copy ran on. A side stream kept busy before the call makes a
+    copy queued there end long after the default stream's work: an event on the default stream would let the host
+    read the pinned buffer first (uninitialised memory, or the previous record's bytes)."""
+    prompts, rewards, mask = (t.cuda() for t in grpo_inputs(64, 8, 512))
+    side = torch.cuda.Stream()
+    with advmon.Monitor("side-stream", sinks=[sink]) as monitor, statistics_path(path):
+        watched = monitor.watch(sync_free_dense)
+        for step in range(3):
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(200_000_000)  # ~0.1 s of one warp spinning, queued before the call's work
+                with monitor.step(step):
+                    advantages = watched(prompts, rewards, mask)
+            side.synchronize()
+        monitor.wait()
+        assert monitor.internal_errors == 0
+    assert [r.step for r in sink.records] == [0, 1, 2]
+    assert_stats_close(sink.records[-1].metrics, value_stats(advantages.cpu().numpy(), mask.cpu().numpy()),
+                       "advantages/post_norm/", exact_percentiles=False)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_another_device_than_the_current_one_cross_on_their_own_stream(sink):
+    """A trainer that moves tensors with .to(f"cuda:{rank}") and never calls set_device: cuda:1's tensors while
+    cuda:0 is current. The record's copy runs on cuda:1's stream, and so must its event."""
+    prompts, rewards, mask = (t.to("cuda:1") for t in grpo_inputs(64, 8, 512))
+    torch.cuda.set_device(0)
+    with advmon.Monitor("other-device", sinks=[sink]) as monitor:
+        watched = monitor.watch(sync_free_dense)
+        with torch.cuda.device(1):
+            torch.cuda._sleep(200_000_000)  # cuda:1's stream busy: its copy ends late
+        advantages = watched(prompts, rewards, mask)
+        monitor.wait()
+        assert monitor.internal_errors == 0
+    assert_stats_close(sink.records[-1].metrics, value_stats(advantages.cpu().numpy(), mask.cpu().numpy()),
+                       "advantages/post_norm/", exact_percentiles=False)

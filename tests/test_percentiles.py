@@ -30,6 +30,18 @@ from .sketches import assert_same_sketch, general_part, prefix_mask
 
 #: Just above the exact limit: every tensor here is sketched (a [257, 257] tensor).
 SIDE = 257
+#: Where the device paths run: a GPU where there is one (``make bench-gpu``), else the CPU (Triton interpreted).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _on_device(path):
+    """``path`` run on DEVICE's copies of its inputs, its part brought back to the CPU."""
+
+    def run(values, mask):
+        part = path(values.to(DEVICE), None if mask is None else mask.to(DEVICE))
+        return Part(part.kind, tuple(t.cpu() for t in part.tensors))
+
+    return run
 
 
 def _family(name: str, rng: np.random.Generator, size: int) -> np.ndarray:
@@ -81,14 +93,14 @@ def _paths():
         with statistics_path("torch"):
             return tensor_part(values, mask)
 
-    yield "torch", torch_path
+    yield "torch", _on_device(torch_path)
 
     def triton_path(values, mask):
         from advmon.stats.triton_sketch import triton_part
 
         return triton_part(values, mask)
 
-    yield "triton", triton_path
+    yield "triton", _on_device(triton_path)
 
 
 PATHS = dict(_paths())
@@ -132,7 +144,8 @@ def test_zero_stride_expand_views_over_many_rows(family):
     expected = value_stats(view.numpy(), mask.numpy())
     for path in ("cpu", "torch"):
         with statistics_path(path):
-            got = summarize([tensor_part(view, mask)])
+            on = DEVICE if path == "torch" else "cpu"
+            got = summarize([tensor_part(view.to(on), mask.to(on))])
         assert_stats_close(got, expected, exact_percentiles=False)
 
 

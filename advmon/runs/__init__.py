@@ -158,7 +158,7 @@ def _runs_of_jsonl(path: Path) -> list[Run]:
 
 def _runs_of_files(directory: Path, files: list[Path]) -> list[Run]:
     """Every run of a directory's JSONL files; an empty file (a run that died before its first record) is skipped."""
-    from warnings import warn
+    from advmon.errors import warn
 
     runs: list[Run] = []
     for file in files:
@@ -167,7 +167,7 @@ def _runs_of_files(directory: Path, files: list[Path]) -> list[Run]:
         except RunSourceError as exc:
             if file.stat().st_size:
                 raise
-            warn(f"advmon: {exc}; skipped", stacklevel=3)
+            warn(f"advmon: {exc}; skipped")
     if not runs:
         raise RunSourceError(f"{directory}: its JSONL files hold no advmon records")
     return runs

@@ -210,7 +210,7 @@ def read_jsonl(path: str | os.PathLike[str], progress_label: str | None = None) 
         raise AdvmonConfigError(f"{path}:{number}: not an advmon record ({detail})")
     if damaged:
         numbers = ", ".join(str(n) for n, _ in damaged[:10]) + (" ..." if len(damaged) > 10 else "")
-        warn(f"advmon: {path}: skipped {len(damaged)} damaged line(s): {numbers}", stacklevel=2)
+        warn(f"advmon: {path}: skipped {len(damaged)} damaged line(s): {numbers}")
     return records
 
 
