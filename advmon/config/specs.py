@@ -1,8 +1,11 @@
 """Sinks from short strings, for configs, the CLI and ``ADVMON_SINKS``.
 
-Forms: ``jsonl[:PATH]``, ``wandb[:PROJECT]``, ``mlflow[:TRACKING_URI]``, ``tensorboard[:DIR]``, ``trackio[:PROJECT]``,
-``prometheus[:[HOST:]PORT]``, ``pushgateway:URL``, ``ray-metrics`` (Ray's metrics agent), and the in-process alerts
-``slack:ENV_VAR_OR_FILE`` (the webhook URL's source, never the URL) and ``wandb-alert``.
+The sinks are :data:`SINK_SPECS` (``jsonl[:PATH]``, ``wandb[:PROJECT]``, ``mlflow[:TRACKING_URI]``,
+``tensorboard[:DIR]``, ``trackio[:PROJECT]``, ``prometheus[:[HOST:]PORT]``, ``pushgateway:URL``, ``ray-metrics``);
+the in-process alert notifiers of ``Monitor(alerts=...)`` are :data:`NOTIFIER_SPECS` (``slack:ENV_VAR_OR_FILE``, the
+webhook URL's source, never the URL, and ``wandb-alert``). A notifier given among the sinks is still taken (as an
+alert sink), but the forms a sink is asked for list sinks only. docs/sinks.md's spec table is held to
+:data:`SINK_SPECS` by tests/test_contracts.py.
 
 Example:
     >>> parse_spec("prometheus:127.0.0.1:9464")
@@ -20,15 +23,40 @@ from typing import Any
 from advmon.errors import AdvmonConfigError
 from advmon.sinks.base import SinkLike
 
-__all__ = ["ENV_VAR", "SPEC_FORMS", "alert_sink_from_specs", "parse_spec", "sink_from_spec", "sinks_from_env", "specs_from_env"]
+__all__ = [
+    "ENV_VAR",
+    "NOTIFIER_FORMS",
+    "NOTIFIER_SPECS",
+    "SINK_SPECS",
+    "SPEC_FORMS",
+    "alert_sink_from_specs",
+    "parse_spec",
+    "sink_from_spec",
+    "sinks_from_env",
+    "specs_from_env",
+]
 
 ENV_VAR = "ADVMON_SINKS"
-SPEC_FORMS = (
-    "jsonl[:PATH], wandb[:PROJECT], mlflow[:TRACKING_URI], tensorboard[:DIR], trackio[:PROJECT], "
-    "prometheus[:[HOST:]PORT], pushgateway:URL, ray-metrics, slack:ENV_VAR_OR_FILE, wandb-alert"
-)
-_KINDS = ("jsonl", "wandb", "mlflow", "tensorboard", "trackio", "prometheus", "pushgateway", "ray-metrics", "slack",
-          "wandb-alert")
+#: Every sink spec: its kind (the part before ``:``) -> its form. The one list of sinks; the error messages, the
+#: CLI's help and docs/sinks.md's table follow it.
+SINK_SPECS: dict[str, str] = {
+    "jsonl": "jsonl[:PATH]",
+    "wandb": "wandb[:PROJECT]",
+    "mlflow": "mlflow[:TRACKING_URI]",
+    "tensorboard": "tensorboard[:DIR]",
+    "trackio": "trackio[:PROJECT]",
+    "prometheus": "prometheus[:[HOST:]PORT]",
+    "pushgateway": "pushgateway:URL",
+    "ray-metrics": "ray-metrics",
+}
+#: The in-process alert notifiers (``Monitor(alerts=...)``): kind -> form. Not sinks.
+NOTIFIER_SPECS: dict[str, str] = {
+    "slack": "slack:ENV_VAR_OR_FILE",
+    "wandb-alert": "wandb-alert",
+}
+SPEC_FORMS = ", ".join(SINK_SPECS.values())
+NOTIFIER_FORMS = ", ".join(NOTIFIER_SPECS.values())
+_KINDS = (*SINK_SPECS, *NOTIFIER_SPECS)
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -37,7 +65,8 @@ def parse_spec(spec: str) -> tuple[str, str]:
         raise AdvmonConfigError(f"empty sink spec; valid forms: {SPEC_FORMS}")
     kind, _, argument = spec.strip().partition(":")
     if kind not in _KINDS:
-        raise AdvmonConfigError(f"unknown sink {spec!r}; valid forms: {SPEC_FORMS}")
+        raise AdvmonConfigError(f"unknown sink {spec!r}; valid forms: {SPEC_FORMS} "
+                                f"(alert notifiers, for alerts=: {NOTIFIER_FORMS})")
     if kind == "pushgateway" and not argument:
         raise AdvmonConfigError(f"pushgateway needs a URL (pushgateway:http://HOST:PORT); valid forms: {SPEC_FORMS}")
     if kind == "slack" and (not argument or argument.startswith(("http://", "https://"))):
@@ -118,7 +147,7 @@ def notifiers_from_specs(specs: list[str]) -> list[Any]:
         elif kind == "wandb-alert":
             notifiers.append(WandbAlertNotifier())
         else:
-            raise AdvmonConfigError(f"{spec!r} is a sink, not an alert notifier (slack:ENV_VAR_OR_FILE, wandb-alert)")
+            raise AdvmonConfigError(f"{spec!r} is a sink, not an alert notifier ({NOTIFIER_FORMS})")
     return notifiers
 
 
