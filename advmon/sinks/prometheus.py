@@ -6,15 +6,9 @@ before its Monitor, it is taken over at ``attach``). Gauges show the latest reco
 accumulate over records and exist at 0 from the start, so that ``increase()``
 sees the first increment.
 
-Gauges: ``advmon_advantage_{mean,std,min,max,abs_mean}{stage="pre_norm|post_norm"}``,
-``advmon_advantage_abs_max{stage}`` (the larger of ``|min|`` and ``|max|``),
-``advmon_advantage_percentile{stage,percentile="1|10|50|90|99"}``,
-``advmon_reward_{mean,std,min,max}``, ``advmon_zero_std_group_ratio``,
-``advmon_group_all_fail_ratio`` and ``advmon_group_all_pass_ratio`` (with a reward range),
-``advmon_groups``, ``advmon_comparable_groups`` (with two finite rewards or more: the
-ratios' denominator) and ``advmon_zero_std_groups`` (their numerator: a fleet's ratio is a
-sum over a sum), ``advmon_group_max_size`` (the largest group, which bounds a
-normalized advantage), ``advmon_step``, ``advmon_last_update_timestamp_seconds``.
+Every metric, with its type and labels, is in :data:`METRICS`, the one list: docs/sinks.md's table is held
+to it, and it to what the collector serves, by tests/test_contracts.py. ``advmon_zero_std_groups`` and
+``advmon_comparable_groups`` are the group ratios' numerator and denominator (a fleet's ratio is a sum over a sum).
 
 A run's state (docs/alerts.md, "Run state"), exposed from the start: ``advmon_run_finished``
 (0 while the run runs, 1 once its monitor closed cleanly) and
@@ -23,17 +17,9 @@ this scrape, or of this push; the Pushgateway sink pushes at least every
 ``heartbeat_seconds`` even without records). The last record's time is not a sign of
 life: a hung run is alive without records, a crashed one is gone without finishing.
 
-Counters: ``advmon_nonfinite_values_total{stage="reward|pre_norm|post_norm",kind="nan|inf"}``,
-``advmon_updates_total``, ``advmon_internal_errors_total``,
-``advmon_sink_errors_total{sink}``, ``advmon_dropped_records_total{sink}``.
-
-Drill-down (docs/drilldown.md), for the slices and reward functions of the last
-record: ``advmon_slice_rewards{slice}``, ``advmon_slice_reward_mean{slice}``,
-``advmon_slice_reward_nonfinite{slice,kind}``, ``advmon_slice_zero_std_group_ratio{slice}``,
-``advmon_slice_advantage_mean{slice}``, ``advmon_slice_advantage_abs_max{slice}``;
-``advmon_reward_function_mean{function}``, ``advmon_reward_function_nonfinite{function,kind}``.
-Their cardinality is bounded: at most ``Monitor(max_slices=16)`` slices plus
-``other`` per run, and the reward functions a trainer has; a name longer than 64
+Drill-down (docs/drilldown.md): the ``advmon_slice_*`` and ``advmon_reward_function_*`` gauges, for the
+slices and reward functions of the last record. Their cardinality is bounded: at most
+``Monitor(max_slices=16)`` slices plus ``other`` per run, and the reward functions a trainer has; a name longer than 64
 characters is cut to its start and a hash (docs/fleet.md has the series budget). The non-finite counters
 carry an OpenMetrics exemplar naming the worst group of the latest step that added
 to them (``group``, and ``slice`` when known), for Prometheus's exemplar storage.
@@ -55,11 +41,45 @@ from advmon.record import Record, abs_max
 from advmon.redact import redact_url, remember_secret, split_credentials
 from advmon.sinks.base import Sink, require
 
-__all__ = ["AdvmonCollector", "PrometheusSink", "PushgatewaySink"]
+__all__ = ["METRICS", "AdvmonCollector", "PrometheusSink", "PushgatewaySink"]
 
 STAGES = ("pre_norm", "post_norm")
 PERCENTILES = (("1", "p01"), ("10", "p10"), ("50", "p50"), ("90", "p90"), ("99", "p99"))
 _NONFINITE_STAGES = (("reward", "rewards"), ("pre_norm", "advantages/pre_norm"), ("post_norm", "advantages/post_norm"))
+
+#: Every metric advmon serves: its name as exposed -> (type, labels besides ``run``). The contract dashboards and
+#: alerts read; docs/sinks.md's table and the collector are held to it (tests/test_contracts.py).
+METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
+    **{f"advmon_advantage_{stat}": ("gauge", ("stage",)) for stat in ("mean", "std", "min", "max", "abs_mean")},
+    "advmon_advantage_percentile": ("gauge", ("stage", "percentile")),
+    "advmon_advantage_abs_max": ("gauge", ("stage",)),
+    "advmon_advantage_bound_ratio": ("gauge", ()),
+    "advmon_normalization_info": ("gauge", ("kind", "source", "observed")),
+    **{f"advmon_reward_{stat}": ("gauge", ()) for stat in ("mean", "std", "min", "max")},
+    "advmon_zero_std_group_ratio": ("gauge", ()),
+    "advmon_groups": ("gauge", ()),
+    "advmon_comparable_groups": ("gauge", ()),
+    "advmon_zero_std_groups": ("gauge", ()),
+    "advmon_group_max_size": ("gauge", ()),
+    "advmon_group_bound_size": ("gauge", ()),
+    "advmon_group_all_fail_ratio": ("gauge", ()),
+    "advmon_group_all_pass_ratio": ("gauge", ()),
+    "advmon_step": ("gauge", ()),
+    "advmon_last_update_timestamp_seconds": ("gauge", ()),
+    "advmon_run_finished": ("gauge", ()),
+    "advmon_heartbeat_timestamp_seconds": ("gauge", ()),
+    "advmon_nonfinite_values_total": ("counter", ("stage", "kind")),
+    **{name: ("gauge", ("slice",)) for name in (
+        "advmon_slice_rewards", "advmon_slice_reward_mean", "advmon_slice_zero_std_group_ratio",
+        "advmon_slice_advantage_mean", "advmon_slice_advantage_abs_max")},
+    "advmon_slice_reward_nonfinite": ("gauge", ("slice", "kind")),
+    "advmon_reward_function_mean": ("gauge", ("function",)),
+    "advmon_reward_function_nonfinite": ("gauge", ("function", "kind")),
+    "advmon_updates_total": ("counter", ()),
+    "advmon_internal_errors_total": ("counter", ()),
+    "advmon_sink_errors_total": ("counter", ("sink",)),
+    "advmon_dropped_records_total": ("counter", ("sink",)),
+}
 
 
 class AdvmonCollector:
