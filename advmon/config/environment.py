@@ -2,34 +2,10 @@
 
 Ray actors, worker pools and ``torchrun`` children inherit their environment and
 little else. These variables describe the process-wide monitor there, and what to
-instrument, so nothing in the worker's code has to change:
+instrument, so nothing in the worker's code has to change.
 
-=========================  ===============================================================
-``ADVMON_RUN``             run id (default: the run the pickled wrapper came from, else
-                           a generated one)
-``ADVMON_SINKS``           comma-separated sink specs (``jsonl:PATH``, ``mlflow:URI``,
-                           ``pushgateway:URL``, ``ray-metrics``, ...) besides the JSONL file
-                           (a bare ``jsonl`` names that file: no second sink)
-``ADVMON_DIR``             directory of the default JSONL file (default ``advmon-runs``)
-``ADVMON_PER_PROCESS``     ``1``: name that file ``<run>.<host>-<pid>.jsonl``, as several
-                           workers may record the same run
-``ADVMON_REWARD_RANGE``    ``lo,hi`` (all-fail and all-pass groups)
-``ADVMON_STEP_SOURCE``     ``module:attribute.path`` of the training step: an int, or a
-                           callable returning one (``advmon.integrations.verl:current_step``)
-``ADVMON_INSTRUMENT``      ``;``-separated targets: ``module:Class``, ``module:Class.method``,
-                           ``module:function``, each optionally followed by argument names
-                           ``(rewards=...,mask=...,groups=...,group_size=N,slices=...,
-                           reward_functions=...,normalization=KIND)`` (a kind, or
-                           ``module:function`` of the call's arguments); or ``verl``
-``ADVMON_EXEMPLARS``       worst groups per record (default 5; ``0``: none)
-``ADVMON_HISTOGRAMS``      ``0``: records carry no advantage histograms (default: when a
-                           sink takes them)
-``ADVMON_RESUME``          ``1``: continue the run in the JSONL file it wrote before (a job
-                           restarted from a checkpoint); by default that file is moved aside
-``ADVMON_STRICT``          ``1``: raise advmon's own errors (tests)
-``ADVMON_ALL_RANKS``       ``1``: record on every rank, not only rank 0
-``ADVMON_EXIT_TIMEOUT``    seconds interpreter exit may spend delivering (default 5)
-=========================  ===============================================================
+Every variable advmon reads is in :data:`VARIABLES`, the one list (docs/integrations.md's table is held
+to it, and it to the variables advmon's code names, by tests/test_contracts.py).
 
 Example:
     >>> settings = monitor_settings({"ADVMON_RUN": "grpo", "ADVMON_REWARD_RANGE": "0,1"})
@@ -55,6 +31,8 @@ from advmon.hooks import ARGUMENT_NAME_OPTIONS, ArgumentNames
 from advmon.normalization import checked_normalization
 
 __all__ = [
+    "INTERNAL_VARIABLES",
+    "VARIABLES",
     "Target",
     "jsonl_path",
     "monitor_settings",
@@ -62,6 +40,33 @@ __all__ = [
     "resolve_attribute",
     "step_source_from",
 ]
+
+#: Every ``ADVMON_*`` variable advmon reads -> what it means. The one list.
+VARIABLES: dict[str, str] = {
+    "ADVMON_RUN": "run id (default: the run the pickled wrapper came from, else a generated one)",
+    "ADVMON_SINKS": "comma-separated sink specs besides the JSONL file (a bare jsonl names that file)",
+    "ADVMON_DIR": "directory of the default JSONL file (default advmon-runs)",
+    "ADVMON_PER_PROCESS": "1: name that file <run>.<host>-<pid>.jsonl, as several workers may record the same run",
+    "ADVMON_REWARD_RANGE": "lo,hi (all-fail and all-pass groups)",
+    "ADVMON_STEP_SOURCE": "module:attribute.path of the training step: an int, or a callable returning one",
+    "ADVMON_INSTRUMENT": ";-separated targets to watch (module:Class, module:Class.method, module:function, "
+                         "each with optional argument names), or verl",
+    "ADVMON_EXEMPLARS": "worst groups per record (default 5; 0: none)",
+    "ADVMON_HISTOGRAMS": "0: records carry no advantage histograms (default: when a sink takes them)",
+    "ADVMON_RESUME": "1: continue the run in the JSONL file it wrote before",
+    "ADVMON_STRICT": "1: raise advmon's own errors (tests)",
+    "ADVMON_ALL_RANKS": "1: record on every rank, not only rank 0",
+    "ADVMON_FINISH_ON_CALLER": "1: finish each record before the watched call returns (Ray workers)",
+    "ADVMON_EXIT_TIMEOUT": "seconds interpreter exit may spend delivering (default 5)",
+    "ADVMON_STATISTICS_PATH": "torch or triton: the device path for every tensor (default: by device)",
+    "ADVMON_PUSHGATEWAY_USERNAME": "the Pushgateway's basic-auth user",
+    "ADVMON_PUSHGATEWAY_PASSWORD": "its password (or ADVMON_PUSHGATEWAY_PASSWORD_FILE: a file holding it)",
+    "ADVMON_PUSHGATEWAY_PASSWORD_FILE": "a file holding the Pushgateway's password",
+    "ADVMON_PUSHGATEWAY_TOKEN": "a bearer token for the Pushgateway (or ADVMON_PUSHGATEWAY_TOKEN_FILE)",
+    "ADVMON_PUSHGATEWAY_TOKEN_FILE": "a file holding the Pushgateway's bearer token",
+}
+#: Set by advmon itself, never by a user: Ray's setup hook that advmon's hook chains to.
+INTERNAL_VARIABLES: tuple[str, ...] = ("ADVMON_NEXT_SETUP_HOOK",)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
