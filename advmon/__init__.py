@@ -82,7 +82,9 @@ __all__ = [
     "watch",
 ]
 
-__version__ = "0.1.0"
+#: The one version: pyproject.toml reads it from here (``[tool.setuptools.dynamic]``), ``advmon --version`` prints it,
+#: and CHANGELOG.md's latest section names it (tests/test_contracts.py).
+__version__ = "0.2.0"
 
 
 def instrument(
