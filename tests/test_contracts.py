@@ -307,3 +307,17 @@ def test_compare_md_states_the_window_and_the_json_rounding():
     assert f"at least `window` common steps ({window} by default)" in text
     assert "rounds `max_abs_z`, `mean_a` and `mean_b` to 6 decimal places" in text
     assert _json_number(0.123456789) == 0.123457 and _json_number(4e-7) == 0.0
+
+
+def test_every_metric_the_generated_rules_and_boards_read_is_in_the_code_s_list():
+    """The rules, their promtool tests and the boards read only metrics a sink serves (recording rules'
+    ``level:metric:operations`` names and Ray's ``ray_`` copies aside)."""
+    from advmon.sinks.prometheus import METRICS
+
+    read: dict[str, str] = {}
+    for path in sorted([*(ROOT / "alerts").rglob("*.yml"), *(ROOT / "dashboards").glob("*.json")]):
+        for name in re.findall(r"(?<![\w:])advmon_[a-z_]+\b(?!:)", path.read_text()):
+            read.setdefault(name, str(path.relative_to(ROOT)))
+    assert read, "no generated rules or boards found"
+    unknown = {name: where for name, where in read.items() if name not in METRICS}
+    assert not unknown, f"metrics the generated files read that advmon.sinks.prometheus.METRICS lacks: {unknown}"
