@@ -253,6 +253,16 @@ def documented_kinds() -> dict[tuple[str, str], tuple[frozenset[str], bool]]:
             for framework, estimator, kind in table(DOCS / "alerts.md", ["framework", "estimator", "kind"])}
 
 
+def test_the_kinds_of_alerts_md_are_the_code_s():
+    from advmon.normalization import KINDS
+
+    header = ["kind", "a healthy step's bound (`advantages/bound_ratio` = |A| over it)", "estimators"]
+    documented = {backticked(kind)[0]: None for kind, *_ in table(DOCS / "alerts.md", header)}
+    problems = differences("docs/alerts.md's table of kinds", documented, dict.fromkeys(KINDS),
+                           "advmon.normalization.KINDS")
+    assert not problems, "\n".join(problems)
+
+
 def test_the_kind_table_of_alerts_md_is_the_integrations_tables():
     def readable(kinds: dict) -> dict:
         return {f"{framework} {estimator}": (sorted(names), "inferred" if inferred else "never inferred")
