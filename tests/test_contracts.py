@@ -1,11 +1,12 @@
 """The docs' tables of a contract say what the code's one table says (issue 39).
 
-Each contract has one source in the code: the Prometheus metrics (``advmon.sinks.prometheus.METRICS``), the sink
-specs (``advmon.config.specs.SINK_SPECS``), the normalization kind of each framework estimator (the integrations'
-tables), the exit codes (``advmon.cli``), the ``ADVMON_*`` variables (``advmon.config.environment.VARIABLES``)
-and the extras (``pyproject.toml``). Each test reads the markdown table that restates one, and names the row
-that is missing, extra or wrong: a metric, spec, kind, exit code or variable added in code and not in the docs
-fails here.
+Each contract has one source in the code: the Prometheus metrics (``advmon.sinks.prometheus.METRICS``, which the
+collector serves and the generated rules and boards read), the sink specs (``advmon.config.specs.SINK_SPECS``), the
+normalization kinds (``advmon.normalization.KINDS``) and each framework estimator's (the integrations' tables), the
+exit codes (``advmon.cli``), the ``ADVMON_*`` variables (``advmon.config.environment.VARIABLES``, which every
+variable the code names is in), the extras (``pyproject.toml``) and the version (``advmon.__version__``). Each test
+reads the markdown table that restates one and names the row that is missing, extra or wrong: a metric, spec, kind,
+exit code or variable added in code and not in the docs fails here.
 """
 
 from __future__ import annotations
