@@ -76,9 +76,9 @@ def test_check_cli_json_and_exit_codes(tmp_path, capsys):
     write_run(healthy, "grpo_binary", seed=1, steps=40)
     write_run(broken, "nan_rewards", seed=1, steps=40, onset=20)
     assert main(["alerts", "check", str(healthy), "--format", "json"]) == 0
-    assert json.loads(capsys.readouterr().out) == []
+    assert json.loads(capsys.readouterr().out)["alerts"] == []
     assert main(["alerts", "check", str(healthy), str(broken), "--format", "json"]) == 1
-    found = json.loads(capsys.readouterr().out)
+    found = json.loads(capsys.readouterr().out)["alerts"]
     keys = {"run", "source", "alert", "severity", "fired_step", "resolved_step", "value", "labels", "where"}
     assert found and all(set(o) == keys for o in found)
     first = next(o for o in found if o["alert"] == "AdvmonNonFiniteRewards")

@@ -8,9 +8,7 @@ each one line, never a traceback and never the prefix twice.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -137,7 +135,7 @@ def test_findings_exit_1_and_all_well_exits_0(runs, capsys):
     assert main(["replay", str(healthy), "--to", f"pushgateway:http://127.0.0.1:{dead}", "--retries", "0"]) == FINDING
     lines = capsys.readouterr().err.splitlines()
     assert lines[-1].startswith("advmon: error: 40 record(s) could not be sent; they stay in")
-    assert all(line.startswith("advmon: warning: step ") for line in lines[:-1]) and len(lines) == 41
+    assert len(lines) == 2 and lines[0].startswith("advmon: warning: 40 of 40 record(s) of run grpo_binary-s0")
 
 
 def test_warnings_are_one_line_each_with_one_prefix(runs, capsys):
@@ -162,9 +160,6 @@ def test_usage_errors_exit_2_as_argparse_does(capsys):
         assert "usage: advmon" in capsys.readouterr().err
 
 
-def test_version():
-    done = subprocess.run([sys.executable, "-m", "advmon", "--version"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout == f"advmon {version('advmon')}\n"
 
 
 @pytest.mark.parametrize("argv", [["report"], ["compare"], ["summary"], ["alerts", "check"]], ids=" ".join)

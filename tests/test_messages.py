@@ -181,3 +181,63 @@ def test_no_monitor_for_watched_calls(monkeypatch):
         assert "no monitor for watched calls" in messages(said)
     finally:
         advmon.set_monitor(previous)
+
+
+# ------------------------------------------------------------------ what the messages say
+
+
+def write_records(path: Path, run: str, steps: list[int]) -> Path:
+    sink = JsonlSink(path, resume=True)
+    for step in steps:
+        sink.write(Record(run, step, float(step), "e", None, {"rewards/mean": 0.5}))
+    sink.close()
+    return path
+
+
+def test_a_run_that_restarted_twice_says_where_each_time():
+    """Was: "starts again at step 5 (2 times)" for a run that restarted once at 5 and once at 3."""
+    records = [Record("r", step, 0.0, "e", None, {}) for step in [0, 1, 2, 3, 4, 5, 6, 5, 6, 7, 3, 4]]
+    with said_here() as said:
+        kept = one_history(records, "run.jsonl")
+    assert messages(said) == ("advmon: run.jsonl: run r starts again 2 times, at step 5 then at step 3, so 4 of its "
+                              "records repeat a step recorded before; the latest record of each step is used")
+    assert [r.step for r in kept] == [0, 1, 2, 5, 6, 7, 3, 4]  # ordered as written; each step's latest record
+    with said_here() as said:
+        one_history(records[:9], "run.jsonl")
+    assert messages(said) == ("advmon: run.jsonl: run r starts again at step 5, so 2 of its steps were recorded "
+                              "twice; the later record of each is used")
+
+
+def test_replay_to_a_dead_pushgateway_says_one_line_with_a_count(tmp_path, capsys):
+    """Was: one identical warning per record (40 lines)."""
+    run = write_records(tmp_path / "run.jsonl", "r", list(range(40)))
+    dead = free_port()  # nothing listens there
+    assert main(["replay", str(run), "--to", f"pushgateway:http://127.0.0.1:{dead}", "--retries", "0"]) == FINDING
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith(f"advmon: warning: 40 of 40 record(s) of run r (steps 0-39) not sent to "
+                             f"pushgateway:http://127.0.0.1:{dead}: URLError: ")
+    assert err[1] == f"advmon: error: 40 record(s) could not be sent; they stay in {run}: run the replay again"
+
+
+def test_replay_into_an_existing_jsonl_gives_the_command_line_way_to_append(tmp_path, capsys):
+    """Was: "Monitor(resume=True) (ADVMON_RESUME=1) continues a run in its file instead", to a CLI user."""
+    source = write_records(tmp_path / "source.jsonl", "r", [2, 3])
+    target = write_records(tmp_path / "target.jsonl", "r", [0, 1])
+    assert main(["replay", str(source), "--to", f"jsonl:{target}"]) == OK
+    err = capsys.readouterr().err
+    follow = f"'advmon replay {source} --to jsonl:{target} --resume' continues a run in its file instead"
+    assert err.startswith(f"advmon: warning: {target} held the records of an earlier run") and follow in err, err
+    assert "Monitor(" not in err
+    assert [r.step for r in advmon.read_jsonl(target)] == [2, 3]  # the earlier file was moved aside
+    # Following the advice appends instead, and says nothing.
+    assert main(["replay", str(source), "--to", f"jsonl:{target}", "--since-step", "3", "--resume"]) == OK
+    assert capsys.readouterr().err == ""
+    assert [r.step for r in advmon.read_jsonl(target)] == [2, 3, 3]
+
+
+def test_a_monitor_still_names_its_own_way_to_resume(tmp_path):
+    path = write_records(tmp_path / "run.jsonl", "r", [0])
+    with said_here() as said:
+        JsonlSink(path).write(Record("r", 0, 1.0, "e", None, {}))
+    assert "Monitor(resume=True) (ADVMON_RESUME=1) continues a run in its file instead" in messages(said)

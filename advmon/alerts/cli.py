@@ -17,7 +17,7 @@ from advmon.rules import Thresholds, parse_duration
 if TYPE_CHECKING:
     from advmon.runs import Run  # advmon.runs imports torch: ``alerts generate`` does not need it
 
-__all__ = ["check", "format_occurrences", "generate"]
+__all__ = ["check", "format_occurrences", "generate", "occurrences_data"]
 
 #: Exit codes of ``advmon alerts check`` (the CLI's convention: a critical alert is a finding).
 OK, CRITICAL = 0, 1
@@ -54,12 +54,25 @@ def check(sources: list[str], output: str, assignments: list[str]) -> int:
     runs = [run for source in sources for run in read_runs(source)]
     found = [(run, evaluate_records(run.records, thresholds)) for run in runs]
     if output == "json":
-        print(json.dumps([{**o.to_dict(), "source": run.source} for run, occurrences in found for o in occurrences],
-                         indent=2))
+        print(json.dumps(occurrences_data(found), indent=2))
     else:
         print(format_occurrences(found))
     critical = any(o.severity == "critical" for _, occurrences in found for o in occurrences)
     return CRITICAL if critical else OK
+
+
+def occurrences_data(found: list[tuple[Run, list[Occurrence]]]) -> dict[str, list[dict]]:
+    """``alerts check --format json``: the runs checked (so a healthy run is seen to be checked) and the alerts.
+
+    Example:
+        >>> occurrences_data([])
+        {'checked': [], 'alerts': []}
+    """
+    return {
+        "checked": [{"run": run.name, "source": run.source, "records": len(run.records), "alerts": len(mine)}
+                    for run, mine in found],
+        "alerts": [{**o.to_dict(), "source": run.source} for run, mine in found for o in mine],
+    }
 
 
 def format_occurrences(found: list[tuple[Run, list[Occurrence]]]) -> str:

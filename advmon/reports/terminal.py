@@ -16,11 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from advmon.record import Record
 from advmon.rules import Thresholds
 
-__all__ = ["TABLE", "WORST_END", "Sign", "first_signs", "format_summary", "worst_step_text", "worst_value"]
+__all__ = ["TABLE", "WORST_END", "Sign", "first_signs", "format_summary", "summary_data", "worst_step_text",
+           "worst_value"]
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,9 @@ def worst_step_text(records: Sequence[Record], key: str, step: int | str) -> str
     return "every step" if len(values) == 1 and len(records) > 1 else str(step)
 
 
-def format_summary(run: str, records: Sequence[Record], source: str = "") -> str:
-    """Human-readable summary of one run (what ``advmon demo`` and ``advmon summary`` print)."""
+def format_summary(run: str, records: Sequence[Record], source: str = "", thresholds: Thresholds | None = None) -> str:
+    """Human-readable summary of one run (what ``advmon demo`` and ``advmon summary`` print); the instability signs
+    are the catalog's alerts at ``thresholds`` (default the catalog's)."""
     records = sorted(records, key=lambda r: r.step)
     where = f", {source}" if source else ""
     lines = [f"run {run} ({len(records)} records{where})"]
@@ -107,13 +110,43 @@ def format_summary(run: str, records: Sequence[Record], source: str = "") -> str
         else:
             worst_text = f"{WORST_END[end]:<8}{'-':>12}"
         lines.append(f"  {key:34} {_fmt(_value(last, key)):>12}   {worst_text}")
-    signs = first_signs(records)
+    signs = first_signs(records, thresholds)
     if not signs:
         lines.append("  instability signs: none (no alert of the catalog fired)")
     else:
         lines.append("  instability signs (the first step each catalog alert fired):")
         lines.extend(f"    step {s.step:>4}  {s.severity:<8} {s.name}: {s.detail}" for s in signs)
     return "\n".join(lines)
+
+
+def summary_data(run: str, records: Sequence[Record], source: str = "",
+                 thresholds: Thresholds | None = None) -> dict[str, Any]:
+    """The summary as plain data (``advmon summary --format json``): the same statistics, worst values and signs as
+    :func:`format_summary`, with ``null`` for a value the run never had.
+
+    Example:
+        >>> records = [Record("r", s, 0.0, "e", None, {"rewards/nan_count": float(s > 1)}) for s in range(3)]
+        >>> data = summary_data("r", records)
+        >>> data["metrics"]["rewards/nan_count"], [(a["alert"], a["step"]) for a in data["alerts"]]
+        ({'last': 1.0, 'worst': 'highest', 'worst_value': 1.0, 'worst_step': 2}, [('AdvmonNonFiniteRewards', 2)])
+    """
+    records = sorted(records, key=lambda r: r.step)
+    metrics: dict[str, dict[str, Any]] = {}
+    for key, end in TABLE:
+        worst = worst_value(records, key, end)
+        metrics[key] = {"last": _number(_value(records[-1], key)) if records else None, "worst": WORST_END[end],
+                        "worst_value": worst[0] if worst else None, "worst_step": worst[1] if worst else None}
+    return {
+        "run": run, "source": source, "records": len(records),
+        "steps": [records[0].step, records[-1].step] if records else None,
+        "metrics": metrics,
+        "alerts": [{"alert": s.name, "severity": s.severity, "step": s.step, "detail": s.detail}
+                   for s in first_signs(records, thresholds)],
+    }
+
+
+def _number(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def _fmt(value: float) -> str:

@@ -62,6 +62,8 @@ class JsonlSink(Sink):
         self._started = False
         self._given = self.path  # the path it was given: a forked child's file is named from it
         self._forked_from: tuple[int, Path] | None = None  # (parent process, its file) until the child says so
+        #: How the one who made this sink continues a run in its file (the CLI names its own flag).
+        self.resume_hint = "Monitor(resume=True) (ADVMON_RESUME=1)"
         _sinks.add(self)
 
     def write(self, record: Record) -> None:
@@ -135,8 +137,7 @@ class JsonlSink(Sink):
             aside = self.path.with_name(f"{self.path.stem}.{stamp}-{number}{self.path.suffix}")
         self.path.rename(aside)
         warn(f"advmon: {self.path} held the records of an earlier run of the same name; they are now in {aside}, "
-             "and this run writes a file of its own. Monitor(resume=True) (ADVMON_RESUME=1) continues a run in "
-             "its file instead")
+             f"and this run writes a file of its own. {self.resume_hint} continues a run in its file instead")
 
     def __repr__(self) -> str:
         return f"JsonlSink({str(self.path)!r})"
@@ -240,11 +241,27 @@ def one_history(records: list[Record], source: str) -> list[Record]:
         return records
     for run, steps in restarts.items():
         again = sum(1 for r in records if r.run == run) - sum(1 for key in latest if key[0] == run)
-        warn(f"advmon: {source}: run {run} starts again at step {steps[0]}"
-             + (f" ({len(steps)} times)" if len(steps) > 1 else "")
-             + f", so {again} of its steps were recorded twice; the later record of each is used")
+        warn(f"advmon: {source}: run {run} {_restarted(steps, again)}")
     kept = set(latest.values())
     return [record for index, record in enumerate(records) if index in kept]
+
+
+def _restarted(steps: list[int], again: int) -> str:
+    """What happened to a run whose steps start again at ``steps``, in order, with ``again`` records repeating a step.
+
+    Example:
+        >>> _restarted([0], 2)
+        'starts again at step 0, so 2 of its steps were recorded twice; the later record of each is used'
+        >>> _restarted([5, 3], 4)
+        'starts again 2 times, at step 5 then at step 3, so 4 of its records repeat a step recorded before; the latest record of each step is used'
+    """
+    if len(steps) == 1:
+        return f"starts again at step {steps[0]}, so {again} of its steps were recorded twice; the later record of " \
+               "each is used"
+    more = f" and {len(steps) - 5} more" if len(steps) > 5 else ""
+    shown = " then ".join(f"at step {step}" for step in steps[:5]) + more
+    return f"starts again {len(steps)} times, {shown}, so {again} of its records repeat a step recorded before; " \
+           "the latest record of each step is used"
 
 
 # A record's line is written on the monitor's own thread (advmon.host_half). A process that forks while a line is
