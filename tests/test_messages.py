@@ -241,3 +241,54 @@ def test_a_monitor_still_names_its_own_way_to_resume(tmp_path):
     with said_here() as said:
         JsonlSink(path).write(Record("r", 0, 1.0, "e", None, {}))
     assert "Monitor(resume=True) (ADVMON_RESUME=1) continues a run in its file instead" in messages(said)
+
+
+def test_a_forked_process_writing_a_file_of_its_own(tmp_path):
+    """What a child of ``os.fork`` is told at its first record (its JSONL sink is put in the child's state here,
+    as the fork handler does, so the warning is seen in this process)."""
+    sink = JsonlSink(tmp_path / "run.jsonl")
+    sink.write(Record("r", 0, 0.0, "e", None, {}))
+    sink._forked()
+    with said_here() as said:
+        sink.write(Record("r", 1, 1.0, "e", None, {}))
+    assert "is a fork of process" in messages(said)
+    sink.close()
+
+
+def test_a_queue_too_slow_for_its_sink():
+    gate = threading.Event()
+    entered = threading.Event()
+
+    class Held(advmon.Sink):
+        def write(self, record):
+            entered.set()
+            gate.wait(60)  # a hang guard; the test opens the gate
+
+    monitor = advmon.Monitor("messages-slow", sinks=[Held()], queue_size=1)
+    with said_here() as said:
+        monitor.observe(rewards=torch.ones(2))
+        assert entered.wait(60)
+        for _ in range(3):
+            monitor.observe(rewards=torch.ones(2))
+        monitor.wait()
+        gate.set()
+        monitor.close()
+    assert "is too slow" in messages(said)
+
+
+def test_a_stopping_alert_its_notifier_did_not_take_in_time():
+    release = threading.Event()
+
+    class Hung:
+        name = "hung"
+
+        def send(self, message):
+            release.wait(60)  # a hang guard; the test releases it
+
+    monitor = advmon.Monitor("messages-stop", sinks=[], alerts=[Hung()], stop_on="critical", close_timeout=0.2)
+    with said_here() as said:
+        monitor.observe(rewards=torch.tensor([1.0, float("nan")]))
+        assert monitor.should_stop
+    release.set()
+    monitor.close()
+    assert "had not reached its notifiers" in messages(said)
