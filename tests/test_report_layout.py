@@ -365,3 +365,28 @@ def test_the_summary_says_which_end_of_each_statistic_is_the_worst(demo, capsys)
     lines = {line.split()[0]: line for line in text.splitlines() if line.strip()}
     assert "lowest" in lines["rewards/mean"] and "highest" in lines["rewards/nan_count"]
     assert "highest" in lines["advantages/post_norm/max"] and "lowest" in lines["advantages/post_norm/min"]
+
+
+def test_a_two_step_run_has_whole_step_ticks_and_an_observed_run_says_so(tmp_path):
+    """Issue 39, Report: a 2-step run's step axis read 0, 0.2, 0.4, ...; a run recorded through observe was headed
+    "estimator observe"."""
+    import torch
+
+    from advmon.reports.plots import PANELS, draw_distribution, draw_panel, new_figure
+
+    path = tmp_path / "two.jsonl"
+    with advmon.Monitor("two-steps", sinks=[advmon.JsonlSink(path)]) as monitor:
+        for step in range(2):
+            rewards = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+            monitor.observe(rewards=rewards, advantages=rewards - 0.5, group_size=4)
+    records = advmon.read_jsonl(path)
+    for draw in (lambda axes: draw_panel(axes, PANELS[0], [("two-steps", records)]),
+                 lambda axes: draw_distribution(axes, records)):
+        figure, axes = new_figure()
+        draw(axes)
+        figure.canvas.draw()
+        low, high = axes.get_xlim()
+        shown = [t for t in axes.get_xticks() if low <= t <= high]
+        assert shown and all(float(t).is_integer() for t in shown), shown
+    page = report_page(tmp_path, path)
+    assert "recorded through <code>monitor.observe</code>" in page and "estimator <code>observe</code>" not in page

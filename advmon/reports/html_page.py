@@ -152,9 +152,16 @@ def _header(run: Run) -> str:
     return (
         f"<h1>advmon report: run {html.escape(run.name)}</h1>"
         f"<p class='meta'>{len(run.records)} records, steps {first.step}&ndash;{last.step}; "
-        f"estimator <code>{html.escape(run.estimator)}</code>{_normalization(run)}; started {when}, spanning "
+        f"{_recorded_by(run.estimator)}{_normalization(run)}; started {when}, spanning "
         f"{_duration(last.time - first.time)}; source <code>{html.escape(run.source)}</code></p>"
     )
+
+
+def _recorded_by(estimator: str) -> str:
+    """The header's words for what recorded the run: a watched estimator, or ``monitor.observe`` calls."""
+    if estimator == "observe":
+        return "recorded through <code>monitor.observe</code> (no estimator watched)"
+    return f"estimator <code>{html.escape(estimator)}</code>"
 
 
 def _duration(seconds: float) -> str:

@@ -194,7 +194,7 @@ def draw_panel(axes: Any, panel: Panel, runs: Sequence[tuple[str, Sequence[Any]]
     if marker is not None:
         axes.axvline(marker, color="black", linestyle="--", linewidth=1, label=f"step {marker}")
     axes.set_title(panel.title, fontsize=10, loc="left")
-    axes.set_xlabel("step", fontsize=8)
+    _step_axis(axes)
     axes.tick_params(labelsize=8)
     if drawn:
         choose_scale(axes, np.concatenate(drawn_values), percent=panel.percent)
@@ -446,7 +446,7 @@ def draw_distribution(axes: Any, records: Sequence[Any], bounds: tuple[np.ndarra
 
     found = distribution(records, stage)
     axes.set_title(f"{stage.replace('_', '-').capitalize()} advantages: distribution per step", fontsize=10, loc="left")
-    axes.set_xlabel("step", fontsize=8)
+    _step_axis(axes)
     axes.tick_params(labelsize=8)
     if found is None:
         axes.text(0.5, 0.5, "no data: this run's records carry no histograms (docs/distributions.md)", ha="center",
@@ -504,6 +504,14 @@ def _shade_alerts(axes: Any, spans: Sequence[tuple[int, int | None, str]], last_
             else:
                 axes.axvspan(start, end, color=SEVERITY_COLORS.get(severity, "grey"), alpha=0.12, linewidth=0,
                              label=label)
+
+
+def _step_axis(axes: Any) -> None:
+    """Label the x axis "step" with whole-number ticks only (a 2-step run had ticks at 0.25, 0.5, ...)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axes.set_xlabel("step", fontsize=8)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def new_figure(width: float = 7.5, height: float = 3.4) -> tuple[Any, Any]:
