@@ -390,3 +390,25 @@ def test_a_two_step_run_has_whole_step_ticks_and_an_observed_run_says_so(tmp_pat
         assert shown and all(float(t).is_integer() for t in shown), shown
     page = report_page(tmp_path, path)
     assert "recorded through <code>monitor.observe</code>" in page and "estimator <code>observe</code>" not in page
+
+
+def test_an_alert_lists_only_the_groups_that_explain_it():
+    """Issue 39, Report: the table under AdvmonZeroStdGroupsHigh listed the step's NaN groups (nonfinite_rewards)."""
+    from types import SimpleNamespace
+
+    from advmon.alerts.evaluator import Occurrence
+    from advmon.reports import html_page
+
+    exemplars = [{"group": "p7", "reason": "nonfinite_rewards", "size": 8},
+                 {"group": "p3", "reason": "largest_abs_advantage", "size": 8}]
+    run = SimpleNamespace(records=[SimpleNamespace(step=4, exemplars=exemplars)])
+
+    def where(alert: str) -> str:
+        occurrence = Occurrence(run="r", alert=alert, severity="warning", fired_step=4, resolved_step=None, value=1.0)
+        return html_page._where_section(run, [occurrence], [])
+
+    assert where("AdvmonZeroStdGroupsHigh") == ""  # nothing there explains equal rewards
+    nan = where("AdvmonNonFiniteRewards")
+    assert "p7" in nan and "p3" not in nan
+    bound = where("AdvmonAdvantageBeyondBound")
+    assert "p3" in bound and "p7" not in bound

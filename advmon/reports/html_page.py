@@ -241,6 +241,28 @@ _EXEMPLAR_COLUMNS = (
 )
 
 
+#: The exemplar reasons (docs/drilldown.md) that explain each alert; an alert not named here shows every exemplar.
+#: Zero-std and reward alerts have none: a group of equal rewards is not an exemplar, and listing the step's NaN
+#: groups under "zero-std groups high" answered another question.
+_EXEMPLARS_FOR: dict[str, frozenset[str]] = {
+    "AdvmonNonFiniteRewards": frozenset({"nonfinite_rewards"}),
+    "AdvmonRewardFunctionNonFinite": frozenset({"nonfinite_reward_functions"}),
+    "AdvmonNonFiniteAdvantages": frozenset({"nonfinite_advantages"}),
+    "AdvmonAdvantageBeyondBound": frozenset({"beyond_bound", "largest_abs_advantage"}),
+    "AdvmonAdvantageScaleSpike": frozenset({"beyond_bound", "largest_abs_advantage"}),
+    "AdvmonZeroStdGroupsHigh": frozenset(),
+    "AdvmonSliceZeroStdHigh": frozenset(),
+    "AdvmonAdvantageScaleCollapse": frozenset(),
+    "AdvmonRewardCollapse": frozenset(),
+}
+
+
+def _exemplars_for(alert: str, exemplars: Sequence[dict]) -> list[dict]:
+    """The exemplars that explain ``alert`` (all of them for an alert without a rule here)."""
+    reasons = _EXEMPLARS_FOR.get(alert)
+    return list(exemplars) if reasons is None else [e for e in exemplars if e.get("reason") in reasons]
+
+
 def _where_section(run: Run, occurrences: Sequence[Occurrence], svgs: Sequence[str]) -> str:
     """Per-slice and per-function plots, and the worst groups at each alert's firing step."""
     parts = []
@@ -252,6 +274,7 @@ def _where_section(run: Run, occurrences: Sequence[Occurrence], svgs: Sequence[s
     for occurrence in shown:
         record = by_step.get(occurrence.fired_step)
         exemplars = list(getattr(record, "exemplars", None) or []) if record is not None else []
+        exemplars = _exemplars_for(occurrence.alert, exemplars)
         if not exemplars and not occurrence.where:
             continue
         labels = "".join(f" {html.escape(k)}={html.escape(v)}" for k, v in occurrence.labels)
