@@ -412,3 +412,36 @@ def test_an_alert_lists_only_the_groups_that_explain_it():
     assert "p7" in nan and "p3" not in nan
     bound = where("AdvmonAdvantageBeyondBound")
     assert "p3" in bound and "p7" not in bound
+
+
+def test_an_alert_firing_from_the_start_and_the_bound_line_stay_readable():
+    """Issue 39, Report: an alert firing from step 0 shaded the whole run; the |A| bound was drawn as isolated boxes
+    (steps without a bound between) or fell off the value axis without a word."""
+    import torch
+
+    from advmon.reports.plots import PANELS, draw_distribution, draw_panel, new_figure
+
+    with advmon.Monitor("bound-and-span", sinks=[], histograms=True) as monitor:
+        records = []
+        for step in range(12):
+            rewards = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+            monitor.observe(rewards=rewards, advantages=(rewards - 0.5) * (1 + step), group_size=4)
+            monitor.wait()
+            records.append(monitor.last_record)
+    figure, axes = new_figure()
+    draw_panel(axes, PANELS[0], [("run", records)], spans=[(0, None, "critical")])
+    low, high = axes.get_xlim()
+    for patch in axes.patches:  # what shades the data area is a span, drawn inside the axes' height
+        (x0, y0), (x1, y1) = patch.get_window_extent().get_points()
+        inside = axes.transAxes.inverted().transform([[x0, y0], [x1, y1]])
+        assert not (inside[0][1] < 1.0 and inside[1][0] - inside[0][0] > 0.5), "a whole-run shade"
+    labels = [line.get_label() for line in axes.get_lines()]
+    assert "critical alert fired at step 0" in labels
+    steps = np.arange(12.0)
+    gappy = np.where(steps % 3 == 1, np.nan, 2.0 + steps / 10)
+    for bound, above in ((gappy, False), (np.full(12, 1e6), True)):
+        figure, axes = new_figure()
+        draw_distribution(axes, records, bounds=(steps, bound))
+        drawn = [line for line in axes.get_lines() if line.get_label().startswith("|A| bound")]
+        assert len(drawn) == 1 and np.isfinite(drawn[0].get_ydata()).all()  # one line through the steps with one
+        assert ("above the axis" in drawn[0].get_label()) is above

@@ -188,7 +188,7 @@ def draw_panel(axes: Any, panel: Panel, runs: Sequence[tuple[str, Sequence[Any]]
             axes.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0, label=prefix + panel.band_label)
     steps = [r.step for _, records in runs for r in records]
     if drawn:
-        _shade_alerts(axes, spans, max(steps, default=0))
+        _shade_alerts(axes, spans, max(steps, default=0), first_step=min(steps, default=0))
     elif steps:
         axes.set_xlim(min(steps), max(steps) if max(steps) > min(steps) else min(steps) + 1)  # the run's steps
     if marker is not None:
@@ -463,14 +463,29 @@ def draw_distribution(axes: Any, records: Sequence[Any], bounds: tuple[np.ndarra
         use_symlog(axes, found.linthresh)
     _limits_with_margin(axes, found.value_edges[0], found.value_edges[-1])
     if bounds is not None:
-        steps, bound = bounds
-        for sign in (1, -1):
-            axes.step(steps, sign * bound, where="mid", color="#d62728", linestyle="--", linewidth=1,
-                      label="|A| bound" if sign == 1 else None)
+        _draw_bound(axes, *bounds)
     _shade_alerts(axes, spans, found.step_edges[-1], strip=True)  # a strip above: the picture's colours stay true
     axes.set_title(axes.get_title(loc="left"), fontsize=10, loc="left", pad=10)
     place_legend(axes)
     return True
+
+
+def _draw_bound(axes: Any, steps: np.ndarray, bound: np.ndarray) -> None:
+    """The |A| bound at plus and minus, one line through the steps that have one (steps without a bound drew it
+    as isolated boxes); where it lies beyond the value axis, the legend says how far rather than losing it."""
+    steps, bound = np.asarray(steps, dtype=float), np.asarray(bound, dtype=float)
+    keep = np.isfinite(bound)
+    if not keep.any():
+        return
+    steps, bound = steps[keep], bound[keep]
+    top = axes.get_ylim()[1]
+    label = "|A| bound"
+    if bound.min() > top:
+        label = f"|A| bound (above the axis: {tick_text(float(bound.min()))} and more)"
+    for sign in (1, -1):
+        axes.step(steps, sign * bound, where="mid", color="#d62728", linestyle="--", linewidth=1,
+                  label=label if sign == 1 else None)
+    axes.set_ylim(*axes.get_ylim())  # the bound never widens the axis chosen for the values
 
 
 def _limits_with_margin(axes: Any, low: float, high: float, margin: float = 0.03) -> None:
@@ -482,10 +497,13 @@ def _limits_with_margin(axes: Any, low: float, high: float, margin: float = 0.03
 
 
 def _shade_alerts(axes: Any, spans: Sequence[tuple[int, int | None, str]], last_step: float,
-                  strip: bool = False) -> None:
+                  strip: bool = False, first_step: float | None = None) -> None:
     """Where an alert was firing (to ``last_step`` while it still is), in its severity's colour, one legend entry
     per severity; overlapping spans of one severity are merged (they would darken each other). ``strip``: a band
-    just above the plot, for pictures whose own colours a shading would change."""
+    just above the plot, for pictures whose own colours a shading would change.
+
+    A span over (nearly) the whole run (an alert firing from step 0 on) would shade every point alike and say
+    nothing: it goes in the band above instead, with a line where it started."""
     merged: dict[str, list[list[float]]] = {}
     for fired, resolved, severity in sorted(spans, key=lambda span: span[0]):
         end = resolved if resolved is not None else last_step
@@ -495,10 +513,16 @@ def _shade_alerts(axes: Any, spans: Sequence[tuple[int, int | None, str]], last_
         else:
             known.append([fired, end])
     order = [severity for severity in ("info", "warning", "critical") if severity in merged]
+    extent = last_step - (first_step if first_step is not None else last_step)
     for row, severity in enumerate(order + [s for s in merged if s not in order]):
         for number, (start, end) in enumerate(merged[severity]):
             label = None if number else f"{severity} alert firing"
-            if strip:  # one row per severity, the most severe on top
+            whole_run = not strip and extent > 0 and end - start >= 0.9 * extent
+            if whole_run:
+                axes.axvline(start, color=SEVERITY_COLORS.get(severity, "grey"), linewidth=1.2, alpha=0.9,
+                             label=f"{severity} alert fired at step {start:g}")
+                label = None
+            if strip or whole_run:  # one row per severity, the most severe on top
                 axes.axvspan(start, end, ymin=1.005 + 0.02 * row, ymax=1.022 + 0.02 * row, clip_on=False,
                              color=SEVERITY_COLORS.get(severity, "grey"), alpha=0.8, linewidth=0, label=label)
             else:
