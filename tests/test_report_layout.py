@@ -445,3 +445,8 @@ def test_an_alert_firing_from_the_start_and_the_bound_line_stay_readable():
         drawn = [line for line in axes.get_lines() if line.get_label().startswith("|A| bound")]
         assert len(drawn) == 1 and np.isfinite(drawn[0].get_ydata()).all()  # one line through the steps with one
         assert ("above the axis" in drawn[0].get_label()) is above
+    from advmon.reports.plots import distribution
+
+    for stage in ("pre_norm", "post_norm"):  # no 1e-16 share from a row edge an ulp inside a bin (colour scale)
+        share = distribution(records, stage).share
+        assert not ((share > 0) & (share < 1e-9)).any()

@@ -435,7 +435,11 @@ def _resampled(histogram: Any, edges: np.ndarray) -> np.ndarray:
     """The histogram's counts per row of ``edges`` (uniform inside each bin)."""
     bin_edges = np.array(histogram.edges)
     cumulative = np.concatenate([[0.0], np.cumsum(histogram.counts)])
-    return np.diff(np.interp(edges, bin_edges, cumulative))
+    counts = np.diff(np.interp(edges, bin_edges, cumulative))
+    # A row edge an ulp inside a bin (bins end on round values like 0.75, rows on a linspace) splits off a
+    # 1e-16 share that would stretch the colour scale to it: shares of a billionth of a value are rounding.
+    counts[np.abs(counts) < 1e-9] = 0.0
+    return counts
 
 
 def draw_distribution(axes: Any, records: Sequence[Any], bounds: tuple[np.ndarray, np.ndarray] | None = None,
@@ -482,9 +486,12 @@ def _draw_bound(axes: Any, steps: np.ndarray, bound: np.ndarray) -> None:
     label = "|A| bound"
     if bound.min() > top:
         label = f"|A| bound (above the axis: {tick_text(float(bound.min()))} and more)"
+    from matplotlib import patheffects
+
+    outline = [patheffects.withStroke(linewidth=2.6, foreground="white")]  # seen over the heatmap's own colours
     for sign in (1, -1):
-        axes.step(steps, sign * bound, where="mid", color="#d62728", linestyle="--", linewidth=1,
-                  label=label if sign == 1 else None)
+        axes.step(steps, sign * bound, where="mid", color="#d62728", linestyle="--", linewidth=1.2,
+                  path_effects=outline, label=label if sign == 1 else None)
     axes.set_ylim(*axes.get_ylim())  # the bound never widens the axis chosen for the values
 
 
