@@ -296,7 +296,13 @@ def _demo(args: argparse.Namespace) -> int:
     if args.serve:
         serve_demo(config, port=args.port, step_seconds=args.step_seconds)
     else:
-        print(run_demo(config))
+        said: list[str] = []
+
+        def say(section: str) -> None:  # each section as soon as it is ready: the header before any progress
+            print(("\n" if said else "") + section, flush=True)
+            said.append(section)
+
+        run_demo(config, say=say)
     return OK
 
 

@@ -18,6 +18,7 @@ Rewards are graded 1.0 (correct), 0.3 (well-formatted but wrong) or 0.0.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,27 +145,31 @@ def run_steps(monitor: Monitor, config: DemoConfig, unstable: bool):
         yield step
 
 
-def run_demo(config: DemoConfig) -> str:
-    """Simulate ``tp1`` and ``tp2`` and return the terminal summary."""
+def run_demo(config: DemoConfig, say: Callable[[str], None] | None = None) -> str:
+    """Simulate ``tp1`` and ``tp2`` and return the terminal summary; ``say`` gets each section as soon as it is
+    ready (the header before any work's progress), the CLI's way of printing it."""
     if config.steps < 1:
         raise ValueError(f"steps must be at least 1, got {config.steps}")
     runs = {"tp1": False, "tp2": True}
-    sections = [
-        f"advmon demo: GRPO math recipe, {len(runs)} runs x {config.steps} steps "
-        f"({PROMPTS_PER_STEP} prompts x {GROUP_SIZE} samples, seed {config.seed})"
-    ]
+    sections: list[str] = []
+
+    def add(section: str) -> None:
+        sections.append(section)
+        if say is not None:
+            say(section)
+
+    add(f"advmon demo: GRPO math recipe, {len(runs)} runs x {config.steps} steps "
+        f"({PROMPTS_PER_STEP} prompts x {GROUP_SIZE} samples, seed {config.seed})")
     for run, unstable in runs.items():
         path = simulate_run(run, config, unstable)
         records = read_jsonl(path)
-        sections.append(format_summary(run, records, str(path)) + "\n" + _alerts_section(records))
-    sections.append(
-        f"Alerts: the catalog of advmon/rules.py, evaluated as `advmon alerts check {config.out}` does;\n"
-        "`advmon alerts generate` writes the same rules for Prometheus and Alertmanager (alerts/)."
-    )
+        add(format_summary(run, records, str(path)) + "\n" + _alerts_section(records))
+    add(f"Alerts: the catalog of advmon/rules.py, evaluated as `advmon alerts check {config.out}` does;\n"
+        "`advmon alerts generate` writes the same rules for Prometheus and Alertmanager (alerts/).")
     try:
-        sections.append(_report_and_comparison(config))
+        add(_report_and_comparison(config))
     except ModuleNotFoundError as exc:  # plots need matplotlib: the summaries stand on their own
-        sections.append(f"(no HTML report: {exc.name} is missing; pip install 'advmon[dashboards]')")
+        add(f"(no HTML report: {exc.name} is missing; pip install 'advmon[dashboards]')")
     return "\n\n".join(sections)
 
 
@@ -194,19 +199,23 @@ def _report_and_comparison(config: DemoConfig) -> str:
 
 
 def _alerts_section(records: list) -> str:
+    """Each alert once, with every span it fired over and where it first fired (the summary's "instability
+    signs" above already say what each is and when it first fired: not said again here)."""
     from advmon.alerts.evaluator import evaluate_records
 
     occurrences = evaluate_records(records)
     if not occurrences:
         return "  alerts: none"
-    lines = ["  alerts (step fired -> resolved; where: the first time each fired):"]
-    explained = set()
+    lines = ["  alerts over the run (fired -> resolved at each firing; where: the first time each fired):"]
+    by_alert: dict[str, list] = {}
     for o in occurrences:
-        resolved = "still firing" if o.resolved_step is None else f"resolved at {o.resolved_step}"
-        lines.append(f"    step {o.fired_step:>4}  {o.severity:<8} {o.alert} ({resolved}, value {o.value:.4g})")
-        if o.where and o.alert not in explained:
-            explained.add(o.alert)
-            lines.append(f"               where: {o.where}")
+        by_alert.setdefault(o.alert, []).append(o)
+    for alert, fired in by_alert.items():
+        spans = ", ".join(f"{o.fired_step}->{'still firing' if o.resolved_step is None else o.resolved_step}"
+                          for o in fired)
+        lines.append(f"    {alert} ({fired[0].severity}, {len(fired)}x): {spans}")
+        if fired[0].where:
+            lines.append(f"        where: {fired[0].where}")
     return "\n".join(lines)
 
 

@@ -83,17 +83,33 @@ def test_demo_shows_the_unstable_run_and_not_the_stable_one(tmp_path):
     assert [r.step for r in tp1] == list(range(40)) == [r.step for r in tp2]
     stable, unstable = text.split("run tp2")
     assert "instability signs: none" in stable and "alerts: none" in stable
-    signs = unstable[unstable.index("instability signs"):unstable.index("alerts (")]
+    signs = unstable[unstable.index("instability signs"):unstable.index("alerts over the run")]
     for alert in ("AdvmonNonFiniteRewards", "AdvmonAdvantageBeyondBound", "AdvmonZeroStdGroupsHigh"):
         assert alert in signs  # one verdict: the summary's signs are the catalog's alerts
-    alerts = unstable[unstable.index("alerts ("):]
-    assert {line.split()[3].rstrip(":") for line in signs.splitlines()[1:] if line.strip()} <= set(alerts.split())
+    alerts = unstable[unstable.index("alerts over the run"):unstable.index("Alerts: the catalog")]
+    fired = {line.split()[3].rstrip(":") for line in signs.splitlines()[1:] if line.strip()}
+    assert fired <= set(alerts.replace("(", " ").split())
+    for alert in fired:  # issue 39: the alerts section does not repeat the signs; each alert is one line there
+        assert len([line for line in alerts.splitlines() if line.strip().startswith(alert)]) == 1, alert
     assert max(r.metrics["groups/zero_std_fraction"] for r in tp2) > 0.5
     assert max(r.metrics["groups/zero_std_fraction"] for r in tp1) < 0.5
     assert min(r.metrics["advantages/post_norm/min"] for r in tp2) < -1000
     # Rerunning starts the files afresh instead of appending a second run.
     run_demo(DemoConfig(steps=5, seed=1, out=tmp_path))
     assert len(advmon.read_jsonl(tmp_path / "tp1.jsonl")) == 5
+
+
+def test_the_demo_says_its_header_before_any_work_and_each_section_when_ready(tmp_path):
+    """Issue 39, Demo: the header came after the report's progress lines (all of it was printed at the end)."""
+    said = []
+
+    def say(section: str) -> None:
+        said.append((section, (tmp_path / "tp1.jsonl").exists(), (tmp_path / "report-tp2.html").exists()))
+
+    text = run_demo(DemoConfig(steps=22, seed=1, out=tmp_path), say=say)
+    assert said[0][0].startswith("advmon demo:") and not said[0][1]  # before the first run was simulated
+    assert said[1][0].startswith("run tp1") and not said[1][2]  # the runs' summaries before the report's work
+    assert "\n\n".join(section for section, _, _ in said) == text
 
 
 def test_cli_demo_and_summary(tmp_path, capsys):
