@@ -715,7 +715,7 @@ class Monitor:
             self._finish_record(step, calls, None, self._slice_index.folded, quiet)
             return
         try:
-            crossing = assembly.cross(calls)
+            crossing = assembly.cross(calls, self.close_timeout / 2)  # a lost copy is said within close()'s budget
         except Exception as exc:  # noqa: BLE001 - advmon's own failure, never the caller's
             self._report([_internal_problem(exc)], cause=exc, quiet=quiet)
             return
