@@ -760,6 +760,10 @@ def _instrument_class(target: type, binding: Binding, method: str, names: Argume
     if not callable(wrapped):
         raise AdvmonConfigError(f"{target.__qualname__}.{method} is not callable")
     state = getattr(wrapped, _WATCHED, None)
+    if isinstance(state, WatchState) and getattr(wrapped, "__wrapped__", None) is not state.fn:
+        # Not advmon's wrapper but a function that copied one's attributes (``functools.wraps(Base.method)`` in a
+        # subclass of an instrumented class): the subclass's own code, to be wrapped as it is, never dropped.
+        state = None
     if isinstance(state, WatchState) and not state.binding.covers(binding):
         if binding.monitor is None:  # the process-wide monitor (or a run's, arriving in a worker): kept as it is
             return target
@@ -794,6 +798,9 @@ def _unwrap_instance(target: Any, method: str) -> None:
 def say_switched(target: str, before: Binding | Recorder | None, after: Recorder, undo: str | None = None) -> None:
     """One warning: ``target``, instrumented for one monitor, now records to ``after`` (instrumented again).
 
+    Nothing is said when the earlier monitor is closed (a run finished, the next one instrumented: nothing of
+    the earlier run is lost).
+
     Example:
         >>> import warnings
         >>> class Run:
@@ -807,6 +814,8 @@ def say_switched(target: str, before: Binding | Recorder | None, after: Recorder
     from advmon.errors import warn
 
     earlier = before.monitor if isinstance(before, Binding) and before.monitor is not None else before
+    if getattr(earlier, "closed", False):
+        return  # the earlier monitor is closed: it records nothing any more, so moving loses nothing to say
     run = before.run if isinstance(before, Binding) else getattr(before, "run", None)
     described = "the process-wide monitor" if earlier is None and run is None else f"a monitor of run {run!r}"
     warn(f"advmon: instrumenting {target} again, for another monitor (run {after.run!r}): its calls go to that "

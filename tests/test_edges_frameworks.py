@@ -471,3 +471,50 @@ def test_patched_methods_keep_their_names_docstrings_and_signatures(sink):
     finally:
         advmon_areal.uninstrument()
         advmon_openrlhf.uninstrument()
+
+
+def test_instrumenting_again_after_the_earlier_monitor_closed_moves_without_a_word(tmp_path):
+    """The zoo's pattern (and a script's next run): the class was instrumented for a run now finished. Moving to
+    the new monitor loses nothing of the closed one, so nothing is said; the new monitor records."""
+    import warnings
+
+    class Estimator:
+        def compute_advantage(self, prompt_ids, rewards, mask):
+            return (rewards - rewards.mean()).unsqueeze(-1) * mask
+
+    first, second = ListSink(), ListSink()
+    with advmon.Monitor("closed-first", sinks=[first]) as m1:
+        advmon.instrument(Estimator, m1)
+        Estimator().compute_advantage(torch.arange(4), torch.tensor([0.0, 1.0, 1.0, 0.0]), torch.ones(4, 2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with advmon.Monitor("open-second", sinks=[second]) as m2:
+            advmon.instrument(Estimator, m2)
+            Estimator().compute_advantage(torch.arange(4), torch.tensor([0.0, 1.0, 1.0, 0.0]), torch.ones(4, 2))
+    assert [str(w.message) for w in caught if "advmon" in str(w.message)] == []
+    assert len(first.records) == 1 and len(second.records) == 1
+
+
+def test_a_subclass_method_wrapping_an_instrumented_base_keeps_its_own_code_when_instrumented():
+    """The zoo's broken estimator: ``functools.wraps(Base.method)`` copies advmon's marks onto the subclass's method;
+    instrumenting the subclass for another monitor must wrap that method, not the base's function it names."""
+    import functools
+
+    class Base:
+        def compute_advantage(self, prompt_ids, rewards, mask):
+            return (rewards - rewards.mean()).unsqueeze(-1) * mask
+
+    with advmon.Monitor("base-run", sinks=[ListSink()]) as first:
+        advmon.instrument(Base, first)
+
+    class Scaled(Base):
+        @functools.wraps(Base.compute_advantage)
+        def compute_advantage(self, *args, **kwargs):
+            return Base.compute_advantage(self, *args, **kwargs) * 100
+
+    sink = ListSink()
+    with advmon.Monitor("scaled-run", sinks=[sink]) as second:
+        advmon.instrument(Scaled, second)
+        out = Scaled().compute_advantage(torch.arange(4), torch.tensor([0.0, 1.0, 1.0, 0.0]), torch.ones(4, 2))
+    assert float(out.max()) == 50.0
+    assert sink.records[-1].metrics["advantages/post_norm/max"] == 50.0
