@@ -89,6 +89,33 @@ def _readme_quickstart(tmp_path: Path, output: str) -> None:
     last = records[-1].metrics
     assert output.split()[:2] == [str(last["groups/zero_std_fraction"]), str(last["advantages/post_norm/max"])]
     assert last["groups/count"] == 8 and last["rewards/count"] == 32  # both chunks in the record
+    _readme_on_call_runs_on_the_quickstarts_run(tmp_path)
+
+
+def _readme_on_call_runs_on_the_quickstarts_run(tmp_path: Path) -> None:
+    """README's "On call" block, run as written in the directory the quickstart ran in: every command does
+    what its comment says there (issue 39: it once compared a run the quickstart never made)."""
+    [on_call] = [b for b in blocks(ROOT / "README.md", "sh") if "advmon summary" in b.text]
+    commands = advmon_commands(on_call)
+    assert [c[:2] for c in commands] == [["summary", "advmon-runs/grpo-math-tp2.jsonl"],
+                                         ["alerts", "check"], ["report", "advmon-runs/grpo-math-tp2.jsonl"],
+                                         ["alerts", "generate"], ["dashboards", "generate"]]
+    codes = {}
+    with contextlib.chdir(tmp_path):
+        for argv in commands:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                codes[argv[0] + " " + argv[1]] = cli.main(argv)
+            if argv[0] == "alerts" and argv[1] == "check":
+                with contextlib.redirect_stdout(verdict := io.StringIO()):
+                    cli.main([*argv, "--format", "json"])
+                fired = [a for a in json.loads(verdict.getvalue())["alerts"] if a.get("severity") == "critical"]
+                assert codes["alerts check"] == (1 if fired else 0), verdict.getvalue()
+    assert {k: v for k, v in codes.items() if k != "alerts check"} == dict.fromkeys(
+        ["summary advmon-runs/grpo-math-tp2.jsonl", "report advmon-runs/grpo-math-tp2.jsonl", "alerts generate",
+         "dashboards generate"], 0)
+    assert (tmp_path / "advmon-runs" / "report-grpo-math-tp2.html").is_file()  # beside the run, as it says
+    assert list((tmp_path / "alerts").glob("*.yml")) and list((tmp_path / "dashboards").glob("*.json"))
 
 
 def _secret_stays_secret(tmp_path: Path, output: str) -> None:
