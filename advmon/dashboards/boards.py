@@ -102,12 +102,14 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
             ),
             PanelSpec(
                 "Post-norm |A| max vs bound",
-                "Largest |advantage| of the last step as a share of what the alert allows: "
-                f"{t['bound_factor']:g} x the bound of the estimator's normalization (G/sqrt(G-1) for a group std, "
-                "the group's reward spread for a group mean, the Gaussian tail for batch whitening). "
-                "100% and above: AdvmonAdvantageBeyondBound.",
-                "percentunit", [Query(f"max({bound_ratio}) / {format_number(t['bound_factor'])}", "|A| / bound")],
-                kind="stat", width=4, height=5, thresholds=red_from(1.0),
+                "Largest |advantage| of the last step, worst selected run, as a multiple of the bound of the "
+                "estimator's normalization (G/sqrt(G-1) for a group std, the group's reward spread for a group mean, "
+                "the Gaussian tail for batch whitening): the number AdvmonAdvantageBeyondBound's message gives "
+                "('|advantage| reached Nx what its normalization allows'). Healthy runs stay at or below 1; red from "
+                f"{t['bound_factor']:g} (bound_factor), where the alert fires. A multiple, not a percent: a "
+                "float32 std cancellation reads in the thousands.",
+                "none", [Query(f"max({bound_ratio})", "|A| / bound")],
+                kind="stat", width=4, height=5, thresholds=red_from(t["bound_factor"]),
                 links=[_runbook(runbook_base, "AdvmonAdvantageBeyondBound")],
             ),
             PanelSpec(
@@ -435,8 +437,8 @@ def fleet_board(context: BoardContext, thresholds: Thresholds, runbook_base: str
         "One row a run (its ranks together): its state (running; finished: closed cleanly; crashed: gone without "
         "closing; hung: alive without records), its worst firing advmon alert, its last step, the seconds since "
         f"its last record (red from {t['stale_seconds']:g} s), its zero-std group ratio (red from "
-        f"{t['zero_std_ratio']:g}), its largest |A| and |A| as a share of what the bound alert allows "
-        f"({t['bound_factor']:g} x its normalization's bound), and its NaN/Inf rewards and advantages of the last "
+        f"{t['zero_std_ratio']:g}), its largest |A| and |A| as a multiple of its normalization's bound (red from "
+        f"{t['bound_factor']:g}, where the bound alert fires), and its NaN/Inf rewards and advantages of the last "
         "hour. Sorted by the worst alert's severity; a finished run last. The run's name opens its health board "
         f"on the hour around its last record. Crashed runs keep their last values for {memory}.",
         "none",
@@ -448,7 +450,7 @@ def fleet_board(context: BoardContext, thresholds: Thresholds, runbook_base: str
             Query(f"time() - {last(RUN_LAST_UPDATE)}", "since last record"),
             Query(last(RUN_ZERO_STD), "zero-std"),
             Query(last(RUN_ABS_MAX, stage="post_norm"), "|A| max"),
-            Query(f"{last(RUN_BOUND_RATIO)} / {format_number(t['bound_factor'])}", "|A| / bound"),
+            Query(last(RUN_BOUND_RATIO), "|A| / bound"),
             Query(f'round(sum {by} ({recorded(RUN_NONFINITE)}) and on (job, run) '
                   f'sum {by} ({recorded(RUN_NONFINITE, stage="reward")} or {recorded(RUN_NONFINITE, stage="post_norm")}))',
                   "NaN/Inf"),
@@ -466,7 +468,7 @@ def fleet_board(context: BoardContext, thresholds: Thresholds, runbook_base: str
             Column("Since last record", unit="s", thresholds=red_from(t["stale_seconds"]), decimals=0),
             Column("Zero-std ratio", unit="percentunit", thresholds=red_from(t["zero_std_ratio"])),
             Column("|A| max"),
-            Column("|A| / bound", unit="percentunit", thresholds=red_from(1.0)),
+            Column("|A| / bound", thresholds=red_from(t["bound_factor"]), decimals=2),
             Column("NaN/Inf, last hour", thresholds=red_from(1), decimals=0),
             Column("last_record_ms", hidden=True),
         ],
