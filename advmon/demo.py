@@ -268,3 +268,4 @@ def serve_demo(config: DemoConfig, host: str = "127.0.0.1", port: int = 9464, st
         for monitor in monitors:
             monitor.close()
         server.shutdown()
+        server.server_close()  # else Ctrl-C ends with "unclosed <socket.socket ...>" on stderr
