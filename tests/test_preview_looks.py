@@ -61,7 +61,8 @@ def demo(tmp_path_factory):
         wait_for(lambda: said, 30, "the demo's endpoint")  # a hang guard
         endpoint = re.search(r"http://(127\.0\.0\.1:\d+)/metrics", said[0]).group(1)
         prometheus, url = start_prometheus(workdir, {"advmon-demo": endpoint},
-                                           rule_files=[workdir / "alerts" / "advmon-rules.yml"])
+                                           rule_files=[workdir / "alerts" / "advmon-rules.yml"],
+                                           features=("exemplar-storage",))
         wait_for(lambda: any("all steps done" in s for s in said), 60, "the demo's 60 steps")  # a hang guard
         wait_for(lambda: instant(url, 'advmon_step{run="tp2"} == 59'), 20, "the last step's scrape")
         wait_for(lambda: instant(url, "run:advmon_step:max == 59"), 20, "the recording rules")
@@ -95,6 +96,7 @@ def test_the_slice_panel_is_repeated_once_per_slice_of_the_demo_with_its_data(de
         assert all(f'slice=~"{name}"' in expr for expr in panel.exprs), panel.exprs
         assert panel.series == 4 * len(RUNS), (panel.title, panel.series)  # 4 statistics of each run: data
         assert panel.grid[2] == 12  # two copies side by side fill the row, as Grafana places them
+        assert panel.right_series == len(RUNS)  # max |A| (thousands in tp2) on its own axis, beside the shares
     assert copies[0].grid[1] == copies[1].grid[1] and copies[0].grid[0] + 12 == copies[1].grid[0]
 
 
@@ -118,6 +120,18 @@ def test_no_panel_draws_outside_its_cell_and_no_title_covers_another_panel(demo)
                     for box in (other.title_box, other.content_box):
                         assert not _overlap(one.title_box, box), \
                             f"{name}: the title of {one.title!r} covers {other.title!r}"
+
+
+def test_the_nonfinite_panel_draws_counts_per_interval_with_their_exemplars_not_running_totals(demo):
+    """The exemplars came with a second target, the raw counter, which drew each series' running total (26000
+    for tp2) over the per-interval counts; Prometheus returns the exemplars of the counter inside the count's
+    query itself."""
+    url, _, drawn = demo
+    (panel,) = [p for p in drawn["health"][0] if p.title == "NaN/Inf values"]
+    assert panel.exprs and all(expr.startswith("sum by (run, stage, kind) (increase(") for expr in panel.exprs)
+    assert panel.exemplars, "no exemplar dots"
+    assert {series["run"] for series, _, _, _ in panel.exemplars} == {"tp2"}  # its reward model returns NaN
+    assert all({"group", "slice"} <= set(labels) for _, labels, _, _ in panel.exemplars)
 
 
 def _overlap(a, b) -> bool:

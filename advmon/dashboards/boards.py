@@ -211,11 +211,11 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
             PanelSpec(
                 "NaN/Inf values",
                 "Non-finite rewards and advantages per interval, by stage and kind. Any at all is critical. The "
-                "dots are exemplars: hover one for the worst group (and its slice) of the step that counted.",
+                "dots are exemplars: hover one for the worst group (and its slice) of the step that counted "
+                "(Prometheus returns the exemplars of the counter inside the query; its running total is not drawn).",
                 "none",
                 [Query(f'sum by (run, stage, kind) (increase({m("advmon_nonfinite_values_total")}[$__rate_interval]))',
-                       "{{run}} {{stage}} {{kind}}"),
-                 Query(m("advmon_nonfinite_values_total"), "{{run}} {{stage}} {{kind}} (total)", exemplar=True)],
+                       "{{run}} {{stage}} {{kind}}", exemplar=True)],
                 thresholds=red_from(1), links=[_runbook(runbook_base, "AdvmonNonFiniteRewards")],
             ),
             PanelSpec(
@@ -233,7 +233,7 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
             PanelSpec(
                 "Slice $slice",
                 "One copy per selected slice (data source, task; the `slice` variable): its zero-std share, reward "
-                f"mean, NaN/Inf rewards and largest |post-norm advantage| per step. Zero-std above "
+                f"mean, NaN/Inf rewards and, on the right axis, largest |post-norm advantage| per step. Zero-std above "
                 f"{t['zero_std_ratio']:g} while the run stays below fires AdvmonSliceZeroStdHigh. At most "
                 "max_slices slices per run; later ones are summed in 'other'.",
                 "none",
@@ -244,6 +244,7 @@ def health_board(context: BoardContext, thresholds: Thresholds, runbook_base: st
                     Query(sliced("advmon_slice_advantage_abs_max"), "{{run}} max |A|"),
                 ],
                 width=6, repeat="slice", links=[_runbook(runbook_base, "AdvmonSliceZeroStdHigh")],
+                right_axis=(".*max \\|A\\|$", "max |A|"),
             ),
             PanelSpec(
                 "Reward functions: mean and NaN/Inf scores",

@@ -98,6 +98,9 @@ class PanelSpec:
     links: Sequence[tuple[str, str]] = ()  # (title, url)
     reduce: str = "lastNotNull"
     fill_below_to: str | None = None  # legend of a series to shade down to (std bands)
+    #: ``(legend regex, axis label)``: those series on a right axis of their own scale (a |A| in the thousands
+    #: beside shares between 0 and 1). Grafana keys a scale by unit and axis label: the label gives it its own.
+    right_axis: tuple[str, str] | None = None
     repeat: str | None = None  # a variable: one copy of the panel per selected value, side by side
     texts: Sequence[ValueText] = ()  # a stat's values shown as words
     #: A table: one row per value of the queries' common labels, the label columns first, then one column per
@@ -236,7 +239,8 @@ def _panel(spec: PanelSpec, position: g.GridPos, panel_id: int) -> Any:
     common = dict(
         title=spec.title, description=spec.description, dataSource="${datasource}", targets=targets,
         gridPos=position, id=panel_id, links=links,
-        extraJson={"_advmon": {"fill_below_to": spec.fill_below_to, "thresholds": _steps(spec), "repeat": spec.repeat,
+        extraJson={"_advmon": {"fill_below_to": spec.fill_below_to, "right_axis": spec.right_axis,
+                               "thresholds": _steps(spec), "repeat": spec.repeat,
                                "exemplars": [q.exemplar for q in spec.queries],
                                "texts": [[t.value, t.text, t.color] for t in spec.texts], "no_data": spec.no_data}},
     )
@@ -325,6 +329,13 @@ def _normalize_panel(panel: dict[str, Any]) -> None:
     defaults["thresholds"] = {"mode": "absolute", "steps": extra["thresholds"]}
     if extra["fill_below_to"]:
         field_config["overrides"].append(_fill_between(extra["fill_below_to"]))
+    if extra.get("right_axis"):
+        regex, label = extra["right_axis"]
+        field_config["overrides"].append({
+            "matcher": {"id": "byRegexp", "options": regex},
+            "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                           {"id": "custom.axisLabel", "value": label}],
+        })
     if panel["type"] == "timeseries" and len(extra["thresholds"]) > 1:
         defaults.setdefault("custom", {})["thresholdsStyle"] = {"mode": "dashed"}
     if panel["type"] == "stat" and len(extra["thresholds"]) > 1:

@@ -28,7 +28,8 @@ from typing import Any
 from advmon.dashboards.queries import PanelQuery, board_queries, substitute, variable_queries
 from advmon.errors import AdvmonConfigError
 
-__all__ = ["DrawnPanel", "draw_board", "format_value", "query_range", "render_board", "variable_values"]
+__all__ = ["DrawnPanel", "draw_board", "format_value", "query_exemplars", "query_instant", "query_range",
+           "render_board", "variable_values"]
 
 Series = list[tuple[dict[str, str], list[tuple[float, float]]]]
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in figure pixels, y up
@@ -65,6 +66,9 @@ class DrawnPanel:
     text: str = ""  # a stat's displayed value(s); the table's cells joined
     shown: list[tuple[str, float, str]] = field(default_factory=list)  # a stat's (series, value, text)
     series: int = 0  # lines drawn (time series), rows (table)
+    right_series: int = 0  # of those lines, the ones on the panel's right axis
+    #: Exemplars drawn as dots: ``(series labels, exemplar labels, time, value)``.
+    exemplars: list[tuple[dict[str, str], dict[str, str], float, float]] = field(default_factory=list)
     rows: list[dict[str, str]] = field(default_factory=list)  # a table's displayed rows, by column title
 
 
@@ -98,6 +102,16 @@ def _get(prometheus: str, path: str, what: str, timeout: float) -> dict[str, Any
     if data.get("status") != "success":
         raise AdvmonConfigError(f"Prometheus refused {what!r}: {data.get('error')}")
     return data
+
+
+def query_exemplars(prometheus: str, expr: str, start: float, end: float, timeout: float = 10.0) -> list[tuple[
+        dict[str, str], dict[str, str], float, float]]:
+    """``/api/v1/query_exemplars``: ``[(series labels, exemplar labels, time, value)]`` of the series inside
+    ``expr`` (none where Prometheus stores no exemplars)."""
+    params = urllib.parse.urlencode({"query": expr, "start": start, "end": end})
+    data = _get(prometheus, f"/api/v1/query_exemplars?{params}", expr, timeout)
+    return [(item["seriesLabels"], exemplar["labels"], float(exemplar["timestamp"]), float(exemplar["value"]))
+            for item in data.get("data") or [] for exemplar in item["exemplars"]]
 
 
 def variable_values(board: dict[str, Any], name: str, prometheus: str, values: Mapping[str, Any], start: float,
@@ -306,6 +320,7 @@ def draw_board(
     for query in queries:
         by_panel.setdefault((query.panel, query.grid), []).append(query)
     drawn: list[tuple[DrawnPanel, Any, Any]] = []
+    twins: dict[int, Any] = {}  # a panel's right axis, by its axes
     for panel, grid, own in placed:
         box = _cell(grid, height)
         x0, y0, x1, y1 = box
@@ -338,9 +353,13 @@ def draw_board(
             if panel["type"] == "stat":
                 _draw_stat(axes, panel, results, record)
             else:
-                _draw_series(axes, results, end, unit, record)
+                record.exemplars = [found for q, expr in zip(mine_queries, record.exprs) if q.exemplar
+                                    for found in query_exemplars(prometheus, expr, start, end)]
+                twin = _draw_series(axes, results, end, unit, record, _right_axis(panel))
+                if twin is not None:
+                    twins[id(axes)] = twin
         drawn.append((record, artist, axes))
-    _fit(figure, drawn)
+    _fit(figure, drawn, twins)
     return figure, [record for record, _, _ in drawn]
 
 
@@ -369,10 +388,19 @@ def _fit_title(title: str, width_px: float) -> str:
     return title if len(title) <= room else title[: room - 1] + "…"
 
 
-def _fit(figure: Any, drawn: list[tuple[DrawnPanel, Any, Any]]) -> None:
-    """Shrink each panel's axes until what they draw (tick labels, legend, texts) stays inside its cell below its
-    title, then record where everything landed."""
+def _fit(figure: Any, drawn: list[tuple[DrawnPanel, Any, Any]], twins: Mapping[int, Any]) -> None:
+    """Shrink each panel's axes (and its right axis) until what they draw (tick labels, legend, texts) stays
+    inside its cell below its title, then record where everything landed."""
+    from matplotlib.transforms import Bbox
+
     renderer = figure.canvas.get_renderer()
+
+    def tight(axes: Any) -> Box:
+        boxes = [axes.get_tightbbox(renderer)]
+        if id(axes) in twins:
+            boxes.append(twins[id(axes)].get_tightbbox(renderer))
+        return _extent(Bbox.union(boxes))
+
     for _ in range(3):
         moved = False
         for record, artist, axes in drawn:
@@ -380,17 +408,20 @@ def _fit(figure: Any, drawn: list[tuple[DrawnPanel, Any, Any]]) -> None:
                 continue
             x0, y0, x1, y1 = record.box
             allowed = (x0 + 2, y0 + 2, x1 - 2, y1 - TITLE_PX - 2)
-            tight = _extent(axes.get_tightbbox(renderer))
+            extent = tight(axes)
             position = axes.get_position()
             left, bottom = position.x0 * figure.bbox.width, position.y0 * figure.bbox.height
             right, top = position.x1 * figure.bbox.width, position.y1 * figure.bbox.height
-            over = (max(0.0, allowed[0] - tight[0]), max(0.0, allowed[1] - tight[1]),
-                    max(0.0, tight[2] - allowed[2]), max(0.0, tight[3] - allowed[3]))
+            over = (max(0.0, allowed[0] - extent[0]), max(0.0, allowed[1] - extent[1]),
+                    max(0.0, extent[2] - allowed[2]), max(0.0, extent[3] - allowed[3]))
             if any(o > 0.5 for o in over):
                 left, bottom, right, top = left + over[0], bottom + over[1], right - over[2], top - over[3]
                 if right - left > 10 and top - bottom > 10:
-                    axes.set_position((left / figure.bbox.width, bottom / figure.bbox.height,
-                                       (right - left) / figure.bbox.width, (top - bottom) / figure.bbox.height))
+                    place = (left / figure.bbox.width, bottom / figure.bbox.height,
+                             (right - left) / figure.bbox.width, (top - bottom) / figure.bbox.height)
+                    axes.set_position(place)
+                    if id(axes) in twins:
+                        twins[id(axes)].set_position(place)
                     moved = True
         if not moved:
             break
@@ -398,7 +429,7 @@ def _fit(figure: Any, drawn: list[tuple[DrawnPanel, Any, Any]]) -> None:
     figure.canvas.draw()
     for record, artist, axes in drawn:
         record.title_box = _extent(artist.get_window_extent(renderer))
-        record.content_box = _extent(axes.get_tightbbox(renderer)) if axes is not None else record.title_box
+        record.content_box = tight(axes) if axes is not None else record.title_box
 
 
 def _draw_stat(axes: Any, panel: dict[str, Any], results: list[tuple[PanelQuery, Series]], record: DrawnPanel) -> None:
@@ -487,20 +518,47 @@ def _unit_ticks(unit: str) -> Any:
     return UnitFormatter()
 
 
+def _right_axis(panel: dict[str, Any]) -> tuple[str, str] | None:
+    """``(legend regex, axis label)`` of the series the panel puts on a right axis of their own, if any."""
+    for override in panel.get("fieldConfig", {}).get("overrides", []):
+        properties = {p["id"]: p["value"] for p in override.get("properties", [])}
+        if override["matcher"]["id"] == "byRegexp" and properties.get("custom.axisPlacement") == "right":
+            return override["matcher"]["options"], properties.get("custom.axisLabel", "")
+    return None
+
+
 def _draw_series(axes: Any, results: list[tuple[PanelQuery, Series]], end: float, unit: str,
-                 record: DrawnPanel) -> None:
+                 record: DrawnPanel, right: tuple[str, str] | None = None) -> Any:
+    """The lines of a time series panel; the right axis (a twin of ``axes``) where the panel has one."""
     from matplotlib.ticker import FuncFormatter, MaxNLocator
     from matplotlib.transforms import offset_copy
 
+    twin = None
     drawn = 0
+    colors = iter(__import__("matplotlib").rcParams["axes.prop_cycle"].by_key()["color"] * 10)
     for query, series in results:
         for labels, points in series:
             if not points:
                 continue
             times = [(t - end) / 60 for t, _ in points]
             style = "--" if query.legend.endswith(("std", "bound", "median")) else "-"
-            axes.plot(times, [v for _, v in points], style, linewidth=1.2, label=_legend(query.legend, labels))
+            label = _legend(query.legend, labels)
+            target = axes
+            if right is not None and re.search(right[0], label):
+                if twin is None:
+                    twin = axes.twinx()
+                    twin.tick_params(labelsize=7)
+                    twin.set_ylabel(right[1], fontsize=7)
+                    twin.yaxis.set_major_formatter(_unit_ticks(unit))
+                target, style = twin, ":"
+                label = f"{label} (right)"
+            target.plot(times, [v for _, v in points], style, linewidth=1.2, label=label, color=next(colors))
             drawn += 1
+            record.right_series += target is twin
+    if record.exemplars:  # Grafana's exemplar dots: each the worst group of a step that counted
+        axes.scatter([(t - end) / 60 for _, _, t, _ in record.exemplars], [v for _, _, _, v in record.exemplars],
+                     s=12, marker="D", color="#8c564b", zorder=5, label="exemplars (worst groups)")
+        drawn += 1
     record.series = drawn
     axes.tick_params(labelsize=7)
     axes.yaxis.set_major_formatter(_unit_ticks(unit))
@@ -509,13 +567,15 @@ def _draw_series(axes: Any, results: list[tuple[PanelQuery, Series]], end: float
     axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: "now" if abs(value) < 1e-9 else f"{value:g} min"))
     if drawn:
         # Below the time axis, as Grafana's legend: never over the lines. As many columns as the width takes.
-        labels = [line.get_label() for line in axes.get_lines()]
+        lines = list(axes.get_lines()) + list(axes.collections) + (list(twin.get_lines()) if twin is not None else [])
+        labels = [line.get_label() for line in lines]
         columns = max(1, min(drawn, int(width // (40 + 4.2 * max(len(label) for label in labels)))))
-        axes.legend(fontsize=6, loc="upper left", ncol=columns, frameon=False, borderaxespad=0, handlelength=1.5,
-                    columnspacing=1.0, bbox_to_anchor=(0, 0),
+        axes.legend(lines, labels, fontsize=6, loc="upper left", ncol=columns, frameon=False, borderaxespad=0,
+                    handlelength=1.5, columnspacing=1.0, bbox_to_anchor=(0, 0),
                     bbox_transform=offset_copy(axes.transAxes, axes.figure, y=-14, units="dots"))
     else:
         axes.text(0.5, 0.5, "No data", ha="center", va="center", transform=axes.transAxes, color="grey")
+    return twin
 
 
 def _draw_table(axes: Any, panel: dict[str, Any], results: list[Series], record: DrawnPanel) -> None:

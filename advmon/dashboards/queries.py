@@ -26,6 +26,7 @@ class PanelQuery:
     legend: str
     grid: tuple[int, int, int, int]  # x, y, w, h
     unit: str
+    exemplar: bool = False  # Grafana asks Prometheus for the exemplars of the series inside the query too
 
 
 def board_queries(board: dict[str, Any]) -> list[PanelQuery]:
@@ -38,7 +39,7 @@ def board_queries(board: dict[str, Any]) -> list[PanelQuery]:
         unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "none")
         for target in panel.get("targets", []):
             found.append(PanelQuery(panel["title"], panel["type"], target["expr"], target.get("legendFormat", ""),
-                                    (grid["x"], grid["y"], grid["w"], grid["h"]), unit))
+                                    (grid["x"], grid["y"], grid["w"], grid["h"]), unit, bool(target.get("exemplar"))))
     for annotation in board.get("annotations", {}).get("list", []):
         if "expr" in annotation:
             found.append(PanelQuery(annotation["name"], "annotation", annotation["expr"], "", (0, 0, 0, 0), "none"))
