@@ -7,7 +7,10 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# --no-compile: Python compiles a module when it is first imported; compiling all of torch and the frameworks
+# up front was two thirds of pip's time.
 PIP := $(PY) -m pip --disable-pip-version-check
+PIP_INSTALL := $(PIP) install --quiet --no-compile
 # The CPU build of torch lies on these machines' disk; any other request
 # downloads a multi-GB CUDA build. The package itself accepts a range.
 TORCH_PIN := torch==2.13.0
@@ -88,14 +91,14 @@ $(PY):
 # docs say to run after it, `advmon demo --serve`, needs prometheus_client (advmon[prometheus]).
 # A changed Makefile reinstalls: a .venv made before an extra was added gets it.
 $(CORE_STAMP): pyproject.toml Makefile | $(PY)
-	$(PIP) install --quiet $(TORCH_PIN)
-	$(PIP) install --quiet $(TORCH_PIN) -e '.[dashboards,prometheus]'
+	$(PIP_INSTALL) $(TORCH_PIN)
+	$(PIP_INSTALL) $(TORCH_PIN) -e '.[dashboards,prometheus]'
 	touch $@
 
 $(DEV_STAMP): pyproject.toml $(CORE_STAMP)
-	$(PIP) install --quiet $(TORCH_PIN) -e '.[dev]'
-	$(PIP) install --quiet --no-deps $(VERL_PIN)
-	$(PIP) install --quiet --no-deps $(TORCH_PIN) $(FRAMEWORK_PINS)
+	$(PIP_INSTALL) $(TORCH_PIN) -e '.[dev]'
+	$(PIP_INSTALL) --no-deps $(VERL_PIN)
+	$(PIP_INSTALL) --no-deps $(TORCH_PIN) $(FRAMEWORK_PINS)
 	touch $@
 
 # Prometheus, Pushgateway, Alertmanager (and Chromium) from Debian; the tests start

@@ -33,6 +33,10 @@ from bench_gpu import grpo_estimator, inputs, median_ms  # noqa: E402
 
 import advmon  # noqa: E402
 from advmon.stats import statistics_path  # noqa: E402
+
+#: Calls per figure: timed for a median, profiled for the kernel table, profiled for the host's table. --smoke
+#: makes one or two of each: it checks that the code runs (Triton's interpreter is slow), not what it measures.
+CALLS = {"median": 10, "watched median": 20, "kernels": 5, "host": 20}
 from advmon.observation import tensor_part  # noqa: E402
 from advmon.stats import summarize  # noqa: E402
 
@@ -45,7 +49,7 @@ def kernel_table(fn, rows: int = 12) -> str:
     if bench_gpu.DEVICE.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as profile:
-        for _ in range(5):
+        for _ in range(CALLS["kernels"]):
             fn()
         bench_gpu.synchronize()
     sort = "cuda_time_total" if bench_gpu.DEVICE.type == "cuda" else "cpu_time_total"
@@ -57,7 +61,7 @@ def host_profile(fn, rows: int = 25) -> str:
     fn()
     profiler = cProfile.Profile()
     profiler.enable()
-    for _ in range(20):
+    for _ in range(CALLS["host"]):
         fn()
     bench_gpu.synchronize()
     profiler.disable()
@@ -75,7 +79,8 @@ def statistics_profiles(sizes) -> None:
                     return summarize([tensor_part(a, mask)])
 
                 with statistics_path(path):
-                    print(f"=== {path} {name} {rows} x {cols}: median {median_ms(call, 10):.3f} ms (5 calls below)")
+                    print(f"=== {path} {name} {rows} x {cols}: median {median_ms(call, CALLS['median']):.3f} ms "
+                          f"(profiled below: {CALLS['kernels']} calls)")
                     print(kernel_table(call))
 
 
@@ -92,7 +97,7 @@ def watched_profile(rows: int, cols: int) -> None:
             def call():
                 return watched(prompts, rewards, mask)
 
-            print(f"=== watched GRPO call {rows} x {cols}: median {median_ms(call, 20):.3f} ms")
+            print(f"=== watched GRPO call {rows} x {cols}: median {median_ms(call, CALLS['watched median']):.3f} ms")
             print(kernel_table(call, rows=25))
             print(host_profile(call))
         monitor.close()
@@ -105,6 +110,7 @@ def main() -> None:
     sizes = bench_gpu.SIZES
     if args.smoke:
         bench_gpu.DEVICE, sizes = torch.device("cpu"), ((256, 512),)
+        CALLS.update({"median": 2, "watched median": 2, "kernels": 1, "host": 2})
     print(f"profile_gpu: {torch.cuda.get_device_name() if not args.smoke else 'CPU (smoke run)'}, torch {torch.__version__}")
     with torch.no_grad():
         statistics_profiles(sizes)

@@ -6,8 +6,8 @@ own integration, and the alerts the in-process evaluator raises on its records:
 
 * **verl 0.9.1**: every estimator of its registry, through verl's own
   ``ray_trainer.compute_advantage`` with :func:`advmon.integrations.verl.instrument`;
-* **TRL**: ``GRPOTrainer._generate_and_score_completions`` (generation by a tiny Llama,
-  the rewards and advantages TRL's own) with ``scale_rewards`` group / batch / none and
+* **TRL**: ``GRPOTrainer._generate_and_score_completions`` (generation by a tiny Llama, once
+  per prompt batch in a process and replayed after; the rewards and advantages TRL's own) with ``scale_rewards`` group / batch / none and
   ``multi_objective_aggregation`` normalize_then_sum, through ``AdvmonGRPOMixin``;
 * **SkyRL 0.3.0**: every estimator of its registry (GRPO both ways, RLOO, REINFORCE++, GAE,
   MaxRL) through its own ``compute_advantages_and_returns``;
@@ -331,6 +331,10 @@ def _trl(**settings: Any) -> Callable[[Case, advmon.Monitor], None]:
     return run
 
 
+#: (prompt ids, generations per prompt, ...) -> what TRL's ``_generate_single_turn`` returned for them first.
+_TRL_COMPLETIONS: dict[tuple, Any] = {}
+
+
 def _run_trl(case: Case, monitor: advmon.Monitor, settings: dict[str, Any]) -> None:
     import tempfile
 
@@ -355,6 +359,16 @@ def _run_trl(case: Case, monitor: advmon.Monitor, settings: dict[str, Any]) -> N
     current = {"step": 0}
 
     class Broken(GRPOTrainer):  # the advantages TRL computes, broken before the mixin records them
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, *args, **kwargs):
+            # The tiny Llama's completions, generated once per prompt batch in a process and replayed after: the
+            # rewards come from the simulated policy (scores above), never from the text, and the model never
+            # trains here, so only the cost of generating them (half of a TRL zoo case) is saved.
+            key = (tuple(map(tuple, prompt_ids)), num_generations, images is None, not multimodal_fields)
+            if key not in _TRL_COMPLETIONS:
+                _TRL_COMPLETIONS[key] = super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, *args, **kwargs)
+            return copy.deepcopy(_TRL_COMPLETIONS[key])
+
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)
             output["advantages"] = break_advantages(case, current["step"], output["advantages"])
