@@ -13,12 +13,25 @@ from tests.conftest import ListSink
 from tests.reference import assert_stats_close, bound_ratio, derived_pre_norm, group_stats, value_stats
 from tests.services import require_module
 
-require_module("areal")  # in CI a missing AReaL fails, never skips
-from areal.api.cli_args import NormConfig, PPOActorConfig  # noqa: E402
-from areal.trainer.ppo.actor import PPOActor  # noqa: E402
-from areal.utils.data import Normalization  # noqa: E402
 
-import advmon.integrations.areal as advmon_areal  # noqa: E402
+def import_areal() -> None:
+    """AReaL's names in this module, imported when a test first needs them, not when pytest collects the module:
+    the import costs 6 s of CPU, which every test process collecting the suite paid, whether or not it ran one of
+    these tests (tests/test_edges_frameworks.py borrows ``step`` and ``config``, which call this first)."""
+    global NormConfig, PPOActorConfig, PPOActor, Normalization, advmon_areal
+    if "advmon_areal" in globals():
+        return
+    require_module("areal")  # in CI a missing AReaL fails, never skips
+    from areal.api.cli_args import NormConfig, PPOActorConfig
+    from areal.trainer.ppo.actor import PPOActor
+    from areal.utils.data import Normalization
+
+    import advmon.integrations.areal as advmon_areal
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _areal() -> None:
+    import_areal()
 
 GROUP = 4
 PROMPT = 3
@@ -29,30 +42,32 @@ def group_norm(**levels) -> NormConfig:
     return NormConfig(group_size=GROUP, **levels)
 
 
-#: AReaL's example configurations (examples/math/gsm8k_*.yaml: reward_scaling 10, reward_bias -0.5), and the
-#: kind each declares. "grpo" is gsm8k_grpo.yaml; "reinforce" and "ppo" have no group-level normalization,
+#: AReaL's example configurations (examples/math/gsm8k_*.yaml: reward_scaling 10, reward_bias -0.5; made when a
+#: test asks, once AReaL is imported), and the kind each declares. "grpo" is gsm8k_grpo.yaml; "reinforce" and "ppo" have no group-level normalization,
 #: so their groups come from instrument(group_size=...).
 CONFIGS = {
-    "grpo": (dict(kl_ctl=0.0, reward_norm=group_norm(mean_level="group", std_level="group"),
+    "grpo": (lambda: dict(kl_ctl=0.0, reward_norm=group_norm(mean_level="group", std_level="group"),
                   adv_norm=NormConfig(mean_level="batch", std_level="batch")), "batch"),
-    "drgrpo": (dict(kl_ctl=0.0, reward_norm=group_norm(mean_level="group", std_level=None),
+    "drgrpo": (lambda: dict(kl_ctl=0.0, reward_norm=group_norm(mean_level="group", std_level=None),
                     adv_norm=NormConfig(mean_level="batch", std_level="batch")), "batch"),
-    "rloo": (dict(kl_ctl=0.0, reward_norm=group_norm(mean_level="group", mean_leave1out=True, std_level=None),
+    "rloo": (lambda: dict(kl_ctl=0.0, reward_norm=group_norm(mean_level="group", mean_leave1out=True, std_level=None),
                   adv_norm=NormConfig(mean_level="batch", std_level="batch")), "batch"),
-    "reinforce": (dict(kl_ctl=0.001, adv_norm=NormConfig(mean_level="batch", std_level="batch")), "batch"),
-    "ppo": (dict(kl_ctl=0.0, adv_norm=NormConfig(mean_level="batch", std_level="batch")), "batch"),
+    "reinforce": (lambda: dict(kl_ctl=0.001, adv_norm=NormConfig(mean_level="batch", std_level="batch")), "batch"),
+    "ppo": (lambda: dict(kl_ctl=0.0, adv_norm=NormConfig(mean_level="batch", std_level="batch")), "batch"),
     # Without adv_norm, each token's advantage is its sequence's shaped reward: reward_norm decides.
-    "grpo_no_adv_norm": (dict(kl_ctl=0.0, reward_norm=group_norm(mean_level="group", std_level="group")), "group_std"),
-    "drgrpo_unscaled": (dict(kl_ctl=0.0, reward_scaling=1.0, reward_bias=0.0,
-                             reward_norm=group_norm(mean_level="group", std_level=None)), "group_mean"),
-    "raw": (dict(kl_ctl=0.0, reward_scaling=1.0, reward_bias=0.0), "none"),
+    "grpo_no_adv_norm": (lambda: dict(kl_ctl=0.0, reward_norm=group_norm(mean_level="group", std_level="group")),
+                         "group_std"),
+    "drgrpo_unscaled": (lambda: dict(kl_ctl=0.0, reward_scaling=1.0, reward_bias=0.0,
+                                     reward_norm=group_norm(mean_level="group", std_level=None)), "group_mean"),
+    "raw": (lambda: dict(kl_ctl=0.0, reward_scaling=1.0, reward_bias=0.0), "none"),
 }
 CRITIC = {"ppo"}
 
 
 def config(name: str, **changes) -> PPOActorConfig:
+    import_areal()
     settings = {"experiment_name": "advmon", "trial_name": "test", "reward_scaling": 10.0, "reward_bias": -0.5,
-                **CONFIGS[name][0], **changes}
+                **CONFIGS[name][0](), **changes}
     return PPOActorConfig(**settings)
 
 
@@ -88,6 +103,7 @@ def batch(seed: int = 0, prompts: int = 5, length: int = 14, values: bool = Fals
 
 def step(name: str, seed: int = 0, engine: Engine | None = None, **changes) -> tuple[dict, dict]:
     """AReaL's own advantage step on a fresh batch; returns (what it returned, the batch as it came in)."""
+    import_areal()
     given = batch(seed, values=name in CRITIC)
     before = {key: value.clone() for key, value in given.items()}
     return PPOActor(config(name, **changes), engine=engine)._compute_advantages(given), before
@@ -215,16 +231,17 @@ def test_the_step_is_the_engine_version_areal_logs_it_under(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("changes,kind", [
-    (dict(adv_norm=group_norm(mean_level="group", std_level="group")), None),  # per-group std over tokens
-    (dict(adv_norm=NormConfig(mean_level="batch", std_level=None)), None),  # centred, still in reward units
-    (dict(reward_norm=group_norm(mean_level="group", mean_leave1out=True, std_level="group")), None),
-    (dict(reward_norm=group_norm(mean_level="group", std_level=None)), None),  # x10: beyond the spread's bound
-    (dict(reward_norm=NormConfig(mean_level="batch", std_level="batch")), "batch"),
-    (dict(kl_ctl=0.1, reward_norm=group_norm(mean_level="group", std_level="group")), None),
-    (dict(discount=0.99, reward_norm=group_norm(mean_level="group", std_level="group")), None),
-])
+    (lambda: dict(adv_norm=group_norm(mean_level="group", std_level="group")), None),  # per-group std over tokens
+    (lambda: dict(adv_norm=NormConfig(mean_level="batch", std_level=None)), None),  # centred, still in reward units
+    (lambda: dict(reward_norm=group_norm(mean_level="group", mean_leave1out=True, std_level="group")), None),
+    (lambda: dict(reward_norm=group_norm(mean_level="group", std_level=None)), None),  # x10: beyond the spread's bound
+    (lambda: dict(reward_norm=NormConfig(mean_level="batch", std_level="batch")), "batch"),
+    (lambda: dict(kl_ctl=0.1, reward_norm=group_norm(mean_level="group", std_level="group")), None),
+    (lambda: dict(discount=0.99, reward_norm=group_norm(mean_level="group", std_level="group")), None),
+], ids=["adv_norm=group std", "adv_norm=batch mean", "reward_norm=leave-one-out std",
+      "reward_norm=group mean", "reward_norm=batch", "kl_ctl", "discount"])
 def test_configurations_no_kind_describes_are_inferred(changes, kind):
     cfg = PPOActorConfig(**{"experiment_name": "advmon", "trial_name": "test", "kl_ctl": 0.0, "reward_scaling": 10.0,
-                            **changes})
+                            **changes()})
     assert advmon_areal.normalization_of(cfg) == kind
     assert advmon_areal.normalization_of(config("grpo_no_adv_norm"), critic=True) is None  # GAE with a critic
