@@ -227,6 +227,8 @@ def _dense_case(rows: int, cols: int):
 
 def test_the_torch_path_dispatches_the_same_ops_at_any_size():
     seen = []
+    with statistics_path("torch"):
+        tensor_part(*_dense_case(128, 1024))  # the sketch's fold patterns are made once a process: not counted
     for rows, cols in ((128, 1024), (512, 4096)):  # 16x apart, both > EXACT_LIMIT
         values, mask = _dense_case(rows, cols)
         with statistics_path("torch"), Dispatched() as dispatched:
@@ -265,6 +267,10 @@ def test_a_whole_observed_call_dispatches_the_same_ops_at_any_size_and_never_syn
         with statistics_path("torch"):
             prompts, rewards, _ = grpo_inputs(2, 8, 16)
             monitor.observe(rewards=rewards, groups=prompts)  # makes the row hash's column weights
+            # and, above 65,536 values, the sketch's fold patterns (made once a process and device): run first in
+            # its process, the test counted their making in the first size's ops
+            prompts, rewards, mask = grpo_inputs(16, 8, 1024)
+            monitor.observe(rewards=rewards, advantages=rewards.unsqueeze(-1).expand(mask.shape) + 0.01, mask=mask)
         for groups, tokens in ((16, 1024), (64, 4096)):  # 16x apart
             prompts, rewards, mask = grpo_inputs(groups, 8, tokens)
             advantages = rewards.unsqueeze(-1).expand(mask.shape)
