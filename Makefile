@@ -32,10 +32,11 @@ demo: $(CORE_STAMP)
 	$(VENV)/bin/advmon demo
 
 # The whole suite on TEST_WORKERS pytest-xdist workers, each with one intra-op thread (tests/conftest.py);
-# more workers than cores, since many tests wait on a real service or a subprocess. loadgroup keeps the
+# more workers than cores, since many tests wait on a real service or a subprocess (on 2 cores: 4 workers
+# 586 s, 6 workers 693 s, each worker's collection and the contention costing more than the waits they fill). loadgroup keeps the
 # tests of a shared set-up (a Ray cluster, a module's Prometheus) on one worker. It ends with the ten
 # slowest tests and the total time; docs/performance.md ("The test suite's time") keeps the per-file times.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 test: $(DEV_STAMP) services
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10
 
