@@ -462,6 +462,9 @@ def test_pushed_counters_count_dropped_records_and_replay_continues_them(tmp_pat
                                      queue_size=1)
             for _ in range(6):
                 monitor.observe(rewards=torch.tensor([1.0, float("nan")]))
+            # Every record given to the sinks while the push still hangs: records are finished off the
+            # caller's thread, and on a busy machine some reached the queue only after the gate opened.
+            assert monitor.wait()
             gate.set()
             monitor.close()
         assert monitor.last_metrics["advmon/dropped_records/pushgateway"] >= 3
