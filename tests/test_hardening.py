@@ -88,12 +88,13 @@ def test_the_dropped_record_counter_never_lags():
     """Covered with the queue in tests/test_emitter.py; here: a record's counters include its own drop."""
     import threading
 
-    gate = threading.Event()
+    gate, holding = threading.Event(), threading.Event()
 
     class Stuck(advmon.Sink):
         name = "stuck"
 
         def write(self, record):
+            holding.set()
             gate.wait(60)  # a hang guard: the test opens the gate
 
     seen = []
@@ -108,7 +109,11 @@ def test_the_dropped_record_counter_never_lags():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         monitor = advmon.Monitor("drops", sinks=[advmon.JsonlSink("/dev/null"), Stuck(), Keep()], queue_size=1)
-        for _ in range(5):
+        monitor.observe(rewards=torch.ones(2))
+        # The worker holds record 0 before the others come: had it not taken it yet, a later record would
+        # drop record 0 and the worker take the next one, and the last record could find room (it did once).
+        assert monitor.wait() and holding.wait(30)
+        for _ in range(4):
             monitor.observe(rewards=torch.ones(2))
         monitor.wait()  # every record handed to the sinks' queues while the gate holds the first
         gate.set()
