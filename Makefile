@@ -73,7 +73,7 @@ bench: $(DEV_STAMP)
 	$(PY) benchmarks/bench_report.py --repeat 1
 	$(PY) benchmarks/alert_corpus.py
 
-# The one GPU check (docs/performance.md, "On a GPU"): every figure with its kernel and sync
+# The one GPU check (docs/performance.md, "GPU"): every figure with its kernel and sync
 # counts, then the CUDA tests. It runs where CUDA is, with that machine's own python3 (torch,
 # triton, numpy, pytest and hypothesis; a device machine has nothing to download), not .venv.
 GPU_PYTHON ?= python3
