@@ -163,7 +163,8 @@ def run_demo(config: DemoConfig, say: Callable[[str], None] | None = None) -> st
     for run, unstable in runs.items():
         path = simulate_run(run, config, unstable)
         records = read_jsonl(path)
-        add(format_summary(run, records, str(path)) + "\n" + _alerts_section(records))
+        section = _alerts_section(records)
+        add(format_summary(run, records, str(path)) + ("\n" + section if section else ""))
     add(f"Alerts: the catalog of advmon/rules.py, evaluated as `advmon alerts check {config.out}` does;\n"
         "`advmon alerts generate` writes the same rules for Prometheus and Alertmanager (alerts/).")
     try:
@@ -200,12 +201,13 @@ def _report_and_comparison(config: DemoConfig) -> str:
 
 def _alerts_section(records: list) -> str:
     """Each alert once, with every span it fired over and where it first fired (the summary's "instability
-    signs" above already say what each is and when it first fired: not said again here)."""
+    signs" above already say what each is and when it first fired: not said again here); nothing when no alert
+    fired, which the signs already say."""
     from advmon.alerts.evaluator import evaluate_records
 
     occurrences = evaluate_records(records)
     if not occurrences:
-        return "  alerts: none"
+        return ""
     lines = ["  alerts over the run (fired -> resolved at each firing; where: the first time each fired):"]
     by_alert: dict[str, list] = {}
     for o in occurrences:
