@@ -33,12 +33,12 @@ from bench_gpu import grpo_estimator, inputs, median_ms  # noqa: E402
 
 import advmon  # noqa: E402
 from advmon.stats import statistics_path  # noqa: E402
+from advmon.observation import tensor_part  # noqa: E402
+from advmon.stats import summarize  # noqa: E402
 
 #: Calls per figure: timed for a median, profiled for the kernel table, profiled for the host's table. --smoke
 #: makes one or two of each: it checks that the code runs (Triton's interpreter is slow), not what it measures.
 CALLS = {"median": 10, "watched median": 20, "kernels": 5, "host": 20}
-from advmon.observation import tensor_part  # noqa: E402
-from advmon.stats import summarize  # noqa: E402
 
 
 def kernel_table(fn, rows: int = 12) -> str:

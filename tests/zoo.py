@@ -7,8 +7,9 @@ own integration, and the alerts the in-process evaluator raises on its records:
 * **verl 0.9.1**: every estimator of its registry, through verl's own
   ``ray_trainer.compute_advantage`` with :func:`advmon.integrations.verl.instrument`;
 * **TRL**: ``GRPOTrainer._generate_and_score_completions`` (generation by a tiny Llama, once
-  per prompt batch in a process and replayed after; the rewards and advantages TRL's own) with ``scale_rewards`` group / batch / none and
-  ``multi_objective_aggregation`` normalize_then_sum, through ``AdvmonGRPOMixin``;
+  per prompt batch in a process and replayed after; the rewards and advantages TRL's own)
+  with ``scale_rewards`` group / batch / none and ``multi_objective_aggregation``
+  normalize_then_sum, through ``AdvmonGRPOMixin``;
 * **SkyRL 0.3.0**: every estimator of its registry (GRPO both ways, RLOO, REINFORCE++, GAE,
   MaxRL) through its own ``compute_advantages_and_returns``;
 * **AReaL 1.0.4**: ``PPOActor._compute_advantages`` with AReaL's example configurations;

@@ -184,9 +184,9 @@ def cpu_positions(values: torch.Tensor, scratch: torch.Tensor | None = None) -> 
     """Biased float32 positions of a contiguous CPU tensor's values (unscaled), as int32 for ``bincount``.
 
     The position is the high half of each float32: a strided int16 view of the bits,
-    sign-extended to int32 in one conversion and masked back to 0..65535 in place
-    (int32 rather than int64: half the memory, which bincount reads as it is;
-    ``scratch``, float32 of the same size, takes the conversion of other dtypes).
+    read as uint16, in one conversion to int32 (not int64: half the memory, and
+    bincount reads it as it is; ``scratch``, float32 of the same size, takes the
+    conversion of other dtypes).
 
     Example:
         >>> cpu_positions(torch.tensor([0.0, 1.0, -1.0, 1.5])).tolist()
@@ -195,7 +195,7 @@ def cpu_positions(values: torch.Tensor, scratch: torch.Tensor | None = None) -> 
     if values.dtype != torch.float32:
         values = (torch.empty(values.shape, dtype=torch.float32) if scratch is None else scratch).copy_(values)
     high_halves = values.reshape(-1).view(torch.int16).view(-1, 2)[:, 1]  # little-endian: the sign's half
-    return high_halves.to(torch.int32).bitwise_and_(0xFFFF)
+    return high_halves.view(torch.uint16).to(torch.int32)
 
 
 def fold_positions(counts: torch.Tensor, highest: int, zeros_to_drop: int = 0) -> torch.Tensor:
