@@ -42,15 +42,25 @@ def general_part(values: torch.Tensor, mask: torch.Tensor) -> sketch_format.Part
     return cpu_sketch._sketch_two_passes(values, mask)
 
 
+def kept_representatives(part: sketch_format.Part) -> list[float] | None:
+    """A sketch's representatives as a sorted list (the paths list them in different orders), ``None``: none kept."""
+    scalars, _, table = (t.cpu().numpy() for t in part.tensors)
+    if scalars[sketch_format._N_FINITE] == 0:
+        return []
+    kept = sketch_format.representatives(table, int(scalars[sketch_format._SCALE]))
+    return None if kept is None else sorted(kept.tolist())
+
+
 def assert_same_sketch(fast: sketch_format.Part, general: sketch_format.Part) -> None:
     """Same counts, extrema, top bucket, scale and histogram; moments to float64 rounding.
 
     Rounding is relative to the data's scale (the largest magnitude): float64 sums in
     another order differ there, e.g. ``1 + 1e30 - 1e30``.
     """
-    f_scalars, f_hist = (t.numpy() for t in fast.tensors)
-    g_scalars, g_hist = (t.numpy() for t in general.tensors)
+    f_scalars, f_hist = (t.numpy() for t in fast.tensors[:2])
+    g_scalars, g_hist = (t.numpy() for t in general.tensors[:2])
     np.testing.assert_array_equal(f_hist, g_hist)
+    assert kept_representatives(fast) == kept_representatives(general)
     compared = [sketch_format._N_VALID, sketch_format._N_NAN, sketch_format._N_INF, sketch_format._N_FINITE]
     if g_scalars[sketch_format._N_FINITE] > 0:  # where the buckets are means nothing without a finite value
         compared += [sketch_format._MIN, sketch_format._MAX, sketch_format._TOP, sketch_format._SCALE]

@@ -32,7 +32,7 @@ from advmon.stats import summarize, value_part
 
 from .dispatch import Dispatched, largest_allocation
 from .reference import assert_stats_close, value_stats
-from .sketches import assert_same_sketch, general_part, prefix_mask
+from .sketches import assert_same_sketch, general_part, kept_representatives, prefix_mask
 from .sketches import float_arrays as float_arrays_of
 from .test_stats import offset_arrays
 
@@ -156,28 +156,30 @@ def test_chunks_merge_into_one_part(monkeypatch):
 
 
 def test_rows_longer_than_a_chunk_are_counted_exactly(monkeypatch):
-    """A row of more values than histc counts exactly in float32 is still one chunk: its bins are sorted instead."""
+    """A row of more values than a chunk holds is a chunk of its own; the chunks share the part's maxima."""
     from advmon.stats import device_sketch as module
 
     values = torch.from_numpy(np.random.default_rng(22).standard_normal((2, 300)))
-    values[:, :40] = 1.0  # a bin holding more values than the (lowered) float32 limit
+    values[:, :40] = 1.0  # a bin holding many values
     monkeypatch.setattr(module, "CHUNK_ELEMENTS", 100)
-    monkeypatch.setattr(module, "_HISTC_EXACT", 30)
     with Dispatched() as seen:
         part = device_part(values)
-    assert "histc" not in seen.ops and seen.ops.count("sort") == 2  # two chunks of one row each
+    assert seen.ops.count("index_add_") == 2 and seen.ops.count("scatter_reduce_") == 2  # two chunks of one row each
     assert_same_sketch(part, general_part(values, torch.ones(values.shape)))
+    few = values.clone()
+    few[0, 40:], few[1, 40:] = 2.5, -0.375  # three values: each comes back exactly
+    assert kept_representatives(device_part(few)) == [-0.375, 1.0, 2.5]
 
 
 def test_deterministic_mode_counts_bins_by_sorting():
-    """torch.histc has no deterministic CUDA kernel: under use_deterministic_algorithms the bins are sorted."""
+    """index_add_ may have no deterministic CUDA kernel: under use_deterministic_algorithms the bins are sorted."""
     rng = np.random.default_rng(21)
     values = torch.from_numpy(rng.standard_normal((200, 400))).float()
     mask = torch.from_numpy(rng.random((200, 400)) < 0.5)
     usual = device_part(values, mask)
     with deterministic_algorithms(), Dispatched() as seen:
         sorted_bins = device_part(values, mask)
-    assert "histc" not in seen.ops and "sort" in seen.ops
+    assert "index_add_" not in seen.ops and "sort" in seen.ops
     assert torch.equal(usual.tensors[1], sorted_bins.tensors[1])
 
 
@@ -188,7 +190,7 @@ def test_a_whole_call_uses_no_op_that_deterministic_mode_refuses_on_cuda(sink):
     class Refusals(Dispatched):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func.__name__.split(".")[0]
-            if name == "histc" or (name == "cumsum" and (args[0].is_floating_point() or
+            if name in ("histc", "index_add_") or (name == "cumsum" and (args[0].is_floating_point() or
                                                          (kwargs or {}).get("dtype") in (torch.float32, torch.float64))):
                 refused.append(name)
             return super().__torch_dispatch__(func, types, args, kwargs)

@@ -23,10 +23,10 @@ from advmon import stats
 from advmon.observation import tensor_part
 from advmon.stats import cpu_sketch, statistics_path, summarize, summarize_with_histogram
 from advmon.stats.prefix_sketch import prefix_lengths, prefix_part
-from advmon.stats.sketch_format import HIST_LEN, HostPart, Part
+from advmon.stats.sketch_format import HIST_LEN, REPRESENTATIVES, TABLE_LEN, HostPart, Part
 
 from .reference import PERCENTILES, assert_stats_close, percentile_bounds, value_stats
-from .sketches import assert_same_sketch, general_part, prefix_mask
+from .sketches import assert_same_sketch, general_part, kept_representatives, prefix_mask
 
 #: Just above the exact limit: every tensor here is sketched (a [257, 257] tensor).
 SIDE = 257
@@ -258,9 +258,123 @@ def test_bfloat16_inputs():
 def test_a_sketch_weighs_at_most_64_kib_and_its_histogram_views_still_work():
     values = torch.from_numpy(_family("outlier-1e6", np.random.default_rng(12), SIDE * SIDE)).reshape(SIDE, SIDE)
     for path in PATHS:
-        scalars, histogram = PATHS[path](values.float(), None).tensors
-        assert histogram.numel() == HIST_LEN and HIST_LEN * 4 <= 64 * 1024  # int32 counts: 64,524 bytes
+        scalars, histogram, table = PATHS[path](values.float(), None).tensors
+        assert histogram.numel() == HIST_LEN and table.numel() == TABLE_LEN
+        # What crosses: 12 float64 scalars, int32 counts and the table's int32 bits (packed two to a float64).
+        weight = scalars.numel() * 8 + HIST_LEN * 4 + TABLE_LEN * 4
+        assert weight == 65_136 and weight <= 64 * 1024
     summary, shown = summarize_with_histogram([tensor_part(values, None)])
     assert shown.total == values.numel() and len(shown.counts) <= stats.MAX_BINS
     edges = np.array(shown.edges)
     assert edges[0] <= -1e6 and np.all(np.diff(edges) > 0)
+
+
+# --------------------------------------------------------------------------- a discrete set gives its values
+
+
+def _discrete_set(kind: str, rng: np.random.Generator, size: int) -> np.ndarray:
+    """``size`` draws from a small set of float32 values, each in a bucket of its own."""
+    if kind.startswith("grpo-"):  # group-normalized binary rewards (std with ddof=1, as TRL and verl)
+        group = int(kind.split("-")[1])
+        rewards = rng.integers(0, 2, (size // group + 1, group)).astype(np.float32)
+        centered = rewards - rewards.mean(1, keepdims=True)
+        values = (centered / (rewards.std(1, keepdims=True, ddof=1) + np.float32(1e-6))).reshape(-1)[:size]
+    elif kind == "clipped":  # a continuous body clipped at +-5: two masses at the clip values
+        values = np.clip(rng.standard_t(1, size), -5, 5).round(0)
+    elif kind == "rewards-0-1":
+        values = rng.choice([0.0, 1.0], size, p=[0.7, 0.3])
+    else:  # a dozen arbitrary values over decades, with unequal weights
+        points = rng.choice([-1.0, 1.0], 12) * 10.0 ** rng.uniform(-6, 6, 12)
+        values = rng.choice(points, size, p=rng.dirichlet(np.ones(12)))
+    return values.astype(np.float32)
+
+
+DISCRETE = ["grpo-4", "grpo-8", "grpo-16", "clipped", "rewards-0-1", "spread"]
+
+
+def _assert_discrete_percentiles(got: dict, values: np.ndarray) -> None:
+    """Each percentile is NumPy's: where both order statistics are one value, that value, bit for bit."""
+    expected = value_stats(values)
+    for name in PERCENTILES:
+        low, high = expected.order_bounds[name]
+        if low == high:
+            assert got[name] == low, (name, got[name], low)
+        else:  # interpolated between two of the values, as NumPy does
+            assert got[name] == pytest.approx(expected[name], rel=1e-12, abs=1e-300), name
+
+
+@settings(max_examples=30, deadline=None)
+@given(kind=st.sampled_from(DISCRETE), seed=st.integers(0, 2**31), mask=st.sampled_from(["none", "prefix", "random"]),
+       path=st.sampled_from(list(PATHS)))
+def test_a_discrete_set_of_values_gives_those_values_on_every_path(kind, seed, mask, path):
+    rng = np.random.default_rng(seed)
+    values = torch.from_numpy(_discrete_set(kind, rng, SIDE * SIDE).reshape(SIDE, SIDE))
+    chosen = _masks(mask, rng, (SIDE, SIDE))
+    part = PATHS[path](values, chosen)
+    kept = values.numpy().astype(np.float64)
+    if chosen is not None:
+        kept = kept[chosen.numpy() > 0]
+    assert part.kind == "sketch" and kept_representatives(part) is not None
+    _assert_discrete_percentiles(summarize([part]), kept)
+
+
+def test_discrete_values_merge_from_chunks_and_ranks_of_any_path():
+    rng = np.random.default_rng(31)
+    values = torch.from_numpy(_discrete_set("spread", rng, 4 * SIDE * SIDE).reshape(4 * SIDE, SIDE))
+    mask = _masks("random", rng, tuple(values.shape))
+    chunks = [PATHS[path](values[i * SIDE : (i + 1) * SIDE], mask[i * SIDE : (i + 1) * SIDE])
+              for i, path in enumerate(["cpu", "torch", "triton", "cpu-general"])]
+    whole = summarize([cpu_sketch._sketch_two_passes(values, mask)])
+    merged = _merged(chunks)
+    assert {key: merged[key] for key in PERCENTILES} == {key: whole[key] for key in PERCENTILES}
+    _assert_discrete_percentiles(merged, values.numpy()[mask.numpy() > 0].astype(np.float64))
+
+
+def test_a_float64_discrete_set_gives_its_values_to_float32_rounding():
+    """The buckets and representatives are read from float32: a float64 value comes back within 2**-24 of itself."""
+    rng = np.random.default_rng(32)
+    points = np.array([-0.1, 1 / 3, 2 / 3, np.pi, -np.e * 1e3])
+    values = rng.choice(points, (SIDE, SIDE))
+    expected = value_stats(values)
+    for path in PATHS:
+        got = summarize([PATHS[path](torch.from_numpy(values), None)])
+        for name in PERCENTILES:
+            low, high = expected.order_bounds[name]
+            if low == high:
+                assert got[name] == pytest.approx(low, rel=2.0**-24), (path, name)
+
+
+def test_more_buckets_than_the_table_holds_fall_back_to_interpolation():
+    """With REPRESENTATIVES + 1 buckets holding values no path keeps any: the percentiles are the bound's."""
+    rng = np.random.default_rng(33)
+    points = 1.0 + np.arange(REPRESENTATIVES + 1) / 64  # one value every other bucket from 1.0
+    for count, kept in ((REPRESENTATIVES, True), (REPRESENTATIVES + 1, False)):
+        values = torch.from_numpy(rng.choice(points[:count], (SIDE, SIDE)).astype(np.float32))
+        for path in PATHS:
+            part = _check(values, None, path)
+            assert (kept_representatives(part) is not None) == kept, (path, count)
+            if kept:
+                _assert_discrete_percentiles(summarize([part]), values.numpy().astype(np.float64))
+
+
+def test_values_below_the_final_window_do_not_cost_the_table():
+    """The CPU stops keeping maxima when the first rows hold many positions; when the largest value, met later,
+    sends those rows below the window, the few buckets left are kept after all (a second pass), as on a device."""
+    rng = np.random.default_rng(34)
+    values = np.repeat(rng.choice(np.float32([1e10, 3.0, -2.0, 0.5]), SIDE)[:, None], SIDE, axis=1)
+    values[: SIDE // 4] = rng.uniform(1e-12, 2e-12, (SIDE // 4, SIDE))  # 2**-63 below 1e10: the tiny bucket
+    values[-1, -1] = 1e10
+    tensor = torch.from_numpy(values.astype(np.float32))
+    mask = _masks("prefix", rng, (SIDE, SIDE))
+    for chosen in (None, mask):
+        parts = {path: PATHS[path](tensor, chosen) for path in PATHS}
+        kept = {path: kept_representatives(part) for path, part in parts.items()}
+        assert len(set(map(tuple, kept.values()))) == 1 and len(kept["cpu"]) <= 4, kept
+
+
+def test_two_values_in_one_bucket_stay_within_the_bound():
+    """Two values closer than a bucket's width (1/128) share it: its representative is the larger magnitude, and a
+    percentile on the other is within the bucket of it (the one case a discrete set is not given exactly)."""
+    values = torch.from_numpy(np.random.default_rng(35).choice(np.float32([1.0, 1.001, -3.0]), (SIDE, SIDE)))
+    for path in PATHS:
+        _check(values, None, path)

@@ -116,9 +116,8 @@ def test_a_sketch_biased_by_1_percent_fails(name, monkeypatch):
     """A sketch that reads each percentile 1% of its magnitude too far out (plus a hair at zero) is caught."""
     real = summaries._histogram_percentiles
 
-    def biased(n, counts, top, low, high):
-        return {key: value * 1.01 + (1e-9 if value >= 0 else -1e-9) for key, value in
-                real(n, counts, top, low, high).items()}
+    def biased(*args):
+        return {key: value * 1.01 + (1e-9 if value >= 0 else -1e-9) for key, value in real(*args).items()}
 
     _check_large_input(name)
     monkeypatch.setattr(summaries, "_histogram_percentiles", biased)

@@ -122,7 +122,7 @@ def test_a_multi_block_tensor_reduces_every_block():
     part = triton_part(on_device(values))
     scalars = part.tensors[0].cpu()
     assert scalars[sketch_format._MAX] == 1e6 and scalars[sketch_format._N_VALID] == values.numel()
-    assert_stats_close(summarize([stats.Part("sketch", (scalars, part.tensors[1].cpu()))]),
+    assert_stats_close(summarize([stats.Part("sketch", (scalars, *(t.cpu() for t in part.tensors[1:])))]),
                        value_stats(values.numpy()), exact_percentiles=False)
 
 
@@ -282,12 +282,17 @@ reading = dict(count="i64", cols="i32", v_row="i32", v_col="i32", m_row="i32", m
 kernels = [
     (triton_sketch._range_kernel, dict(values="*bf16", mask="*fp32", partials="*fp64", **reading),
      dict(HAS_MASK=True, FLAT=False, BLOCK=8192)),
-    (triton_sketch._finalize_range_kernel, dict(partials="*fp64", programs="i32", scalars="*fp64", histogram="*i32"),
-     dict(HIST_LEN=triton_sketch.HIST_LEN, REDUCE=1024, **triton_sketch._WINDOW_CONSTANTS)),
+    (triton_sketch._finalize_range_kernel, dict(partials="*fp64", programs="i32", scalars="*fp64", histogram="*i32",
+                                                maxima="*i32", table="*i32"),
+     dict(HIST_LEN=triton_sketch.HIST_LEN, TABLE_LEN=triton_sketch.TABLE_LEN, EMPTY=triton_sketch.EMPTY, REDUCE=1024,
+          **triton_sketch._WINDOW_CONSTANTS)),
     (triton_sketch._moments_bins_kernel,
-     dict(values="*fp32", mask="*u8", scalars="*fp64", moments="*fp64", histogram="*i32", **reading),
+     dict(values="*fp32", mask="*u8", scalars="*fp64", moments="*fp64", histogram="*i32", maxima="*i32", **reading),
      dict(HAS_MASK=True, FLAT=True, BLOCK=8192, HIST_LEN=triton_sketch.HIST_LEN, **triton_sketch._WINDOW_CONSTANTS)),
-    (triton_sketch._finalize_moments_kernel, dict(moments="*fp64", programs="i32", scalars="*fp64"), dict(REDUCE=1024)),
+    (triton_sketch._finalize_moments_kernel, dict(moments="*fp64", programs="i32", scalars="*fp64", maxima="*i32",
+                                                  table="*i32"),
+     dict(HIST_LEN=triton_sketch.HIST_LEN, TABLE_LEN=triton_sketch.TABLE_LEN, EMPTY=triton_sketch.EMPTY,
+          REDUCE=1024)),
     (triton_rows._row_hash_kernel, dict(rows="*i64", weights="*i64", out="*i64", count="i32", columns="i32",
                                         r_row="i32", r_col="i32", mix="i64"),
      dict(FLOAT=False, ROWS=16, COLUMNS=128)),

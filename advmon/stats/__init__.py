@@ -42,7 +42,9 @@ Semantics (the record's contract):
   histogram of relative buckets (:mod:`~advmon.stats.sketch_format`), each at most
   1/128 of its lower edge wide: every percentile lies between the two order
   statistics NumPy interpolates, each widened by 0.79% of its own magnitude
-  (magnitudes below ``2**-63`` of the largest ``|x|`` are within that much of 0).
+  (magnitudes below ``2**-63`` of the largest ``|x|`` are within that much of 0);
+  where at most 127 buckets hold values, a percentile that falls on a value is that
+  value (a discrete set of values gives those values).
 
 Example:
     >>> import torch

@@ -34,6 +34,7 @@ from advmon.stats.sketch_format import (
     _MIN,
     FULL_POSITIONS,
     Part,
+    PositionMaxima,
     cpu_positions,
     fold_positions,
     scale_exponent,
@@ -89,10 +90,11 @@ def _row_chunks(values: torch.Tensor, valid: torch.Tensor | None, buffers: int):
 
 
 def _finished(first: torch.Tensor, center: torch.Tensor, sums: torch.Tensor, counts: torch.Tensor,
-              zeros_to_drop: int, scale: int) -> Part:
-    """The part from its scalars' pieces and its counts per float32 position.
+              zeros_to_drop: int, scale: int, maxima: PositionMaxima, redo) -> Part:
+    """The part from its scalars' pieces, its counts per float32 position and their largest values.
 
-    ``first``: [n_valid, n_nan, n_inf, n_finite, abssum, low, high]; ``sums``: the two sums around ``center``.
+    ``first``: [n_valid, n_nan, n_inf, n_finite, abssum, low, high]; ``sums``: the two sums around ``center``;
+    ``redo(maxima)``: adds the values to ``maxima`` again (see :meth:`PositionMaxima.table`).
     """
     finite = float(first[3]) > 0
     largest = max(-float(first[5]), float(first[6])) if finite else 0.0
@@ -101,7 +103,7 @@ def _finished(first: torch.Tensor, center: torch.Tensor, sums: torch.Tensor, cou
     histogram = fold_positions(counts, top, zeros_to_drop)
     where = torch.tensor([top, scale], dtype=torch.float64)
     scalars = torch.cat([first.to(torch.float64), center.reshape(1).to(torch.float64), sums, where])
-    return Part("sketch", (scalars, histogram.to(torch.float64)))
+    return Part("sketch", (scalars, histogram.to(torch.float64), maxima.table(counts, top, redo)))
 
 
 def _center(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
@@ -118,6 +120,7 @@ def _sketch_one_pass(values: torch.Tensor, valid: torch.Tensor | None) -> Part |
         return None  # NaN or Inf somewhere: the two-pass sketch masks them
     center = _center(whole_low, whole_high)  # the part's sums are around the whole tensor's midpoint
     counts = torch.zeros(FULL_POSITIONS, dtype=torch.int64)
+    maxima = PositionMaxima()
     rows = []
     for x, keep, (spare, other), narrow in _row_chunks(values, valid, 2):
         # x is finite, so multiplying by the 0/1 weights zeroes excluded entries.
@@ -137,7 +140,9 @@ def _sketch_one_pass(values: torch.Tensor, valid: torch.Tensor | None) -> Part |
             deviation = torch.addcmul(x, keep, -center, out=spare)
         flat = deviation.reshape(-1)
         rows.append(torch.stack([n_valid, abssum, low, high, flat.sum(), torch.dot(flat, flat)]))
-        counts += torch.bincount(cpu_positions(x, narrow), minlength=FULL_POSITIONS)
+        positions = cpu_positions(x, narrow)
+        counts += torch.bincount(positions, minlength=FULL_POSITIONS)
+        maxima.add(positions, narrow.view(torch.int32), counts)
     table = torch.stack(rows)
     n_valid = table[:, 0].sum()
     with_values = table[:, 0] > 0
@@ -149,7 +154,14 @@ def _sketch_one_pass(values: torch.Tensor, valid: torch.Tensor | None) -> Part |
         return None  # excluded entries widened the range: its midpoint would cost the moments their precision
     zero = n_valid.new_zeros(())
     first = torch.stack([n_valid, zero, zero, n_valid, table[:, 1].sum(), low, high])
-    return _finished(first, center, table[:, 4:].sum(dim=0), counts, values.numel() - int(n_valid), 0)
+
+    def redo(maxima: PositionMaxima) -> None:
+        for x, keep, _, narrow in _row_chunks(values, valid, 2):
+            if keep is not None:
+                x.mul_(keep)
+            maxima.add(cpu_positions(x, narrow), narrow.view(torch.int32))
+
+    return _finished(first, center, table[:, 4:].sum(dim=0), counts, values.numel() - int(n_valid), 0, maxima, redo)
 
 
 def _sketch_two_passes(values: torch.Tensor, valid: torch.Tensor | None) -> Part:
@@ -171,12 +183,21 @@ def _sketch_two_passes(values: torch.Tensor, valid: torch.Tensor | None) -> Part
     scale = scale_exponent(max(-float(low), float(high))) if n_finite > 0 else 0
     center = _center(low, high) if n_finite > 0 else low.new_zeros(())
     counts = torch.zeros(FULL_POSITIONS, dtype=torch.int64)
+    maxima = PositionMaxima()
     centered_sums = []
     for chunk, narrow in chunks():
         centered_sums.append(chunk.centered_sums(center))
-        counts += torch.bincount(cpu_positions(chunk.scaled(scale), narrow), minlength=FULL_POSITIONS)
+        positions = cpu_positions(chunk.scaled(scale), narrow)
+        counts += torch.bincount(positions, minlength=FULL_POSITIONS)
+        maxima.add(positions, narrow.view(torch.int32), counts)
     first = torch.cat([totals, low[None], high[None]])
-    return _finished(first, center, torch.stack(centered_sums).sum(dim=0), counts, values.numel() - n_finite, scale)
+
+    def redo(maxima: PositionMaxima) -> None:
+        for chunk, narrow in chunks():
+            maxima.add(cpu_positions(chunk.scaled(scale), narrow), narrow.view(torch.int32))
+
+    return _finished(first, center, torch.stack(centered_sums).sum(dim=0), counts, values.numel() - n_finite, scale,
+                     maxima, redo)
 
 
 class _Chunk:

@@ -13,10 +13,12 @@ once and never looks at a value:
 3. **Moments and buckets.** A second pass sums the deviations from the range's
    midpoint and their squares in float64 and reads every usable value's bucket
    position from the high half of its float32 bits. Positions are counted by
-   ``torch.histc`` (exact: a chunk holds at most ``2**24`` values), or, where torch
-   is asked for deterministic algorithms, by sorting them and ``searchsorted``; no
-   float64 atomics either way. The 65,536 counts are folded into the part's window
-   with a few small ops (:func:`_folded`).
+   ``index_add_`` of ones (int32 atomics: exact), or, where torch is asked for
+   deterministic algorithms, by sorting them and ``searchsorted``; no float64
+   atomics either way. The 65,536 counts are folded into the part's window with a
+   few small ops (:func:`_folded`). Each position's largest float32 bits (its value
+   of largest magnitude) are kept by one ``scatter_reduce_``; the window's are the
+   part's representatives' table (:func:`_table`: a gather and a ``topk``).
 
 Tensors of more than :data:`CHUNK_ELEMENTS` values go in row chunks of about that
 size (the float64 temporaries would be too large otherwise), so a call costs
@@ -46,15 +48,16 @@ from advmon.stats.sketch_format import (
     _SIGN,
     _SMALLEST_UNSCALED_EXPONENT,
     FULL_POSITIONS,
+    EMPTY,
+    TABLE_LEN,
     WINDOW,
     Part,
 )
 
 __all__ = ["CHUNK_ELEMENTS", "device_part"]
 
-#: Values per chunk: ``torch.histc``'s float32 counts stay exact up to ``2**24``.
+#: Values per chunk: the float64 temporaries stay a few hundred MiB.
 CHUNK_ELEMENTS = 1 << 24
-_HISTC_EXACT = 1 << 24  # the most values histc may count in float32
 
 
 def device_part(values: torch.Tensor, valid: torch.Tensor | None = None, weights: torch.Tensor | None = None) -> Part:
@@ -72,14 +75,16 @@ def device_part(values: torch.Tensor, valid: torch.Tensor | None = None, weights
         firsts = torch.cat([firsts[:, :4].sum(dim=0), firsts[:, 4].amin()[None], firsts[:, 5].amax()[None]])
     n_valid, n_nan, n_finite, abssum, low, high = firsts.unbind()
     window = device_window(low, high)
-    seconds = [chunk.moments_and_positions(window) for chunk in chunks]
+    maxima = torch.full((FULL_POSITIONS,), EMPTY, dtype=torch.int32, device=values.device)
+    seconds = [chunk.moments_and_positions(window, maxima) for chunk in chunks]
     sums = _summed([s for s, _ in seconds])
     histogram = _folded(_summed([h for _, h in seconds]), window)
+    table = _table(maxima, window)
     scalars = torch.cat(  # one dtype promotion to float64 instead of a conversion per piece
         [firsts[:2], (n_valid - n_nan - n_finite)[None], firsts[2:], window.center[None], sums, window.highest,
          window.scale]
     )
-    return Part("sketch", (scalars, histogram))
+    return Part("sketch", (scalars, histogram, table))
 
 
 class Window(NamedTuple):
@@ -205,8 +210,9 @@ class _Chunk:
         high = x.masked_fill(self.unusable, -math.inf).amax()
         return torch.cat([counts, magnitudes.sum(dtype=torch.float64)[None], low[None], high[None]])
 
-    def moments_and_positions(self, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
-        """([sum(x - center), sum((x - center)^2)] over usable values, int64 counts of their float32 positions)."""
+    def moments_and_positions(self, window: Window, maxima: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([sum(x - center), sum((x - center)^2)] over usable values, int32 counts of their float32 positions);
+        each position's largest float32 bits go into ``maxima`` (the part's, shared by its chunks)."""
         unusable = self.unusable
         deviation = self.values.to(torch.float64, copy=True).sub_(window.center).masked_fill_(unusable, 0.0)
         deviation = deviation.reshape(-1)
@@ -215,27 +221,73 @@ class _Chunk:
         # Scaling by a power of two is exact in the values' own dtype (the scale keeps float32's range), and
         # an unusable entry becomes +Inf: position 32640, above every finite bucket, counted and never read.
         narrow = (self.values * window.factor).to(torch.float32).masked_fill_(unusable, math.inf)
-        high_halves = narrow.reshape(-1).view(torch.int16).view(-1, 2)[:, 1].view(torch.uint16)  # the sign's half
+        bits = narrow.reshape(-1).view(torch.int32)
+        high_halves = bits.view(torch.int16).view(-1, 2)[:, 1].view(torch.uint16)  # the sign's half
+        positions = high_halves.to(torch.int64)
+        maxima.scatter_reduce_(0, positions, bits, "amax")  # the largest magnitude: bits order |x| at a position
         weights = None if self.weights is None else self.weights.reshape(-1)
-        return sums, _bin_counts(high_halves.to(torch.float32), weights)
+        return sums, _bin_counts(positions, weights)
+
+
+def _table(maxima: torch.Tensor, window: Window) -> torch.Tensor:
+    """The part's representatives' table from each position's largest bits: the window's buckets in order (the
+    others read a position no value takes, whose entry stays EMPTY), and their largest :data:`TABLE_LEN`
+    entries, which are every bucket's with a value, then EMPTY, unless more hold values (see ``sketch_format``).
+    """
+    offsets, shifts = _window_positions(maxima.device)
+    in_window = maxima[torch.addcmul(offsets, shifts, window.highest)]
+    return torch.topk(in_window, TABLE_LEN, sorted=True).values
+
+
+def _window_positions(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(offsets, shifts)``: histogram index ``k``'s biased position is ``offsets[k] + shifts[k] * highest``.
+
+    Negative bucket ``k`` is ``SIGN + highest - k``, positive bucket ``j`` (index ``POSITIVE_TINY + 1 + j``) is
+    ``highest - WINDOW + 1 + j``; tiny, zero and padding read position 65535, a NaN's (never scattered: an
+    unusable entry is +Inf). Made once per device.
+    """
+    pattern = _WINDOW_POSITIONS.get(device)
+    if pattern is None:
+        steps = np.arange(WINDOW)
+        unused = FULL_POSITIONS - 1
+        offsets = np.concatenate([_SIGN - steps, [unused] * 3, 1 - WINDOW + steps, [unused]])
+        shifts = np.concatenate([np.ones(WINDOW), np.zeros(3), np.ones(WINDOW), [0]])
+        pattern = tuple(torch.from_numpy(a.astype(np.int64)).to(device) for a in (offsets, shifts))
+        _WINDOW_POSITIONS[device] = pattern
+    return pattern
+
+
+#: Each device's window positions pattern (two int64 vectors of HIST_LEN entries).
+_WINDOW_POSITIONS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _bin_counts(index: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """int32 counts of whole-number bin indices in ``[0, FULL_POSITIONS)`` (a sketch's counts: see ``_folded``).
+    """int32 counts of int64 bin indices in ``[0, FULL_POSITIONS)`` (a sketch's counts: see ``_folded``).
 
-    ``histc``'s float32 counts are exact for a chunk of at most ``2**24`` values.
-    For longer chunks, for weights, and under ``torch.use_deterministic_algorithms``
-    (``histc`` has no deterministic CUDA kernel), the indices are sorted and counted
-    by ``searchsorted`` at the bin edges instead.
+    Counted by ``index_add_`` of ones (integer atomics on CUDA: exact, in any order). With
+    weights, and under ``torch.use_deterministic_algorithms`` (``index_add_`` has no
+    deterministic CUDA kernel), the indices are sorted and counted by ``searchsorted``
+    at the bin edges instead.
     """
-    exact_in_float32 = index.numel() <= _HISTC_EXACT  # a chunk can be longer: one row of more values than that
-    if weights is None and exact_in_float32 and not torch.are_deterministic_algorithms_enabled():
-        return torch.histc(index, bins=FULL_POSITIONS, min=0, max=FULL_POSITIONS).to(torch.int32)
+    if weights is None and not torch.are_deterministic_algorithms_enabled():
+        counts = torch.zeros(FULL_POSITIONS, dtype=torch.int32, device=index.device)
+        return counts.index_add_(0, index, _ones(index.device).expand(index.numel()))
     ordered, order = torch.sort(index)
-    edges = torch.arange(FULL_POSITIONS + 1, dtype=torch.float32, device=index.device).sub_(0.5)
+    edges = torch.arange(FULL_POSITIONS + 1, dtype=torch.int64, device=index.device)
     below = torch.searchsorted(ordered, edges)
     if weights is None:
         return below.diff().to(torch.int32)
     # Whole-number weights summed as integers: exact, and deterministic on CUDA (a float cumsum is not).
     cumulative = torch.cat([order.new_zeros(1), torch.cumsum(weights[order].to(torch.int64), 0)])
     return cumulative[below].diff().to(torch.int32)
+
+
+def _ones(device: torch.device) -> torch.Tensor:
+    """A one-element int32 ``1`` on ``device``, expanded (a view: no op) to count positions. Made once per device."""
+    one = _ONES.get(device)
+    if one is None:
+        one = _ONES[device] = torch.ones(1, dtype=torch.int32, device=device)
+    return one
+
+
+_ONES: dict[torch.device, torch.Tensor] = {}

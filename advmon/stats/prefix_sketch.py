@@ -43,6 +43,7 @@ import torch
 from advmon.stats.sketch_format import (
     FULL_POSITIONS,
     Part,
+    PositionMaxima,
     cpu_positions,
     fold_positions,
     recentered_sums,
@@ -224,16 +225,22 @@ def prefix_part(values: torch.Tensor, lengths: torch.Tensor, extremes: RowExtrem
     layout.extremes = None  # a second counting pass reads the same values again: not twice
     low, high = sums.extrema()
     scale = scale_exponent(max(-low, high))
-    counts = sums.position_counts() if scale == 0 else _scaled_counts(layout, scale)
+    maxima = sums.maxima
+    if scale == 0:
+        counts = sums.position_counts()
+    else:
+        maxima = PositionMaxima()
+        counts = _scaled_counts(layout, scale, maxima)
     top = highest_position(max(-low, high), scale)
     histogram = fold_positions(counts, top).to(torch.float64)
+    table = maxima.table(counts, top, lambda again: _scaled_counts(layout, scale, again))
     finite = float(total - sums.nan - sums.inf)
     scalars = torch.tensor(
         [float(total), float(sums.nan), float(sums.inf), finite, sums.abs_sum(), low, high, *sums.centered(),
          float(top), float(scale)],
         dtype=torch.float64,
     )
-    return Part("sketch", (scalars, histogram))
+    return Part("sketch", (scalars, histogram, table))
 
 
 class _Layout:
@@ -378,6 +385,8 @@ class _BlockSums:
         #: Blocks whose centred sum comes from their rows' sums: (index in the sums, rows' span, size * centre).
         self._from_rows: list[tuple[int, slice, float]] = []
         self._rows = rows  #: the rows' extremes and sums the layout takes, if any
+        #: Each position's value of largest magnitude, while few positions hold values
+        self.maxima = PositionMaxima()
 
     def add(self, block: torch.Tensor, layout: _Layout | None = None) -> None:
         """Add a block's values; with the ``layout`` that yielded it, its rows' summaries are shared.
@@ -432,7 +441,8 @@ class _BlockSums:
         # int32, which bincount reads as it is: converting the pending positions to int64 took a fresh 4 MiB
         # per flush, returned to the system and faulted in again (7 ms a 4096 x 2048 call, in sys time).
         positions = self._buffer("positions", max(_PENDING_BINS, size), torch.int32)
-        positions[self._pending : self._pending + size].copy_(high_halves.view(torch.uint16))  # 0..65535
+        block_positions = positions[self._pending : self._pending + size].copy_(high_halves.view(torch.uint16))
+        self.maxima.add(block_positions, narrow.view(torch.int32))  # nothing once many positions hold values
         self._pending += size
 
     def _count_pending(self) -> None:
@@ -484,12 +494,14 @@ class _BlockSums:
 _NOT_YET = torch.zeros((), dtype=torch.float64)
 
 
-def _scaled_counts(layout: _Layout, scale: int) -> torch.Tensor:
+def _scaled_counts(layout: _Layout, scale: int, maxima: PositionMaxima) -> torch.Tensor:
     """Counts per float32 position of the finite values times ``2**scale``, in a second pass (values that leave
-    float32's normal range: rare)."""
+    float32's normal range: rare), and their largest values into ``maxima``."""
     counts = torch.zeros(FULL_POSITIONS, dtype=torch.int64)
     factor = math.ldexp(1.0, scale)
     for block in layout.blocks():
-        scaled = _finite(block).to(torch.float64).mul_(factor)
-        counts += torch.bincount(cpu_positions(scaled), minlength=FULL_POSITIONS)
+        narrow = _finite(block).to(torch.float64).mul_(factor).to(torch.float32)
+        positions = cpu_positions(narrow)
+        counts += torch.bincount(positions, minlength=FULL_POSITIONS)
+        maxima.add(positions, narrow.view(torch.int32), counts)
     return counts

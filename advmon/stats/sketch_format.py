@@ -20,6 +20,15 @@ holds (:func:`canonical_top`), so parts merge exactly by shifting to the largest
 (a bucket that falls below the merged window joins "tiny", as it would have in one
 call on all the values).
 
+Where few buckets hold values, a part also keeps each one's *representative*, the
+value of largest magnitude in it (:data:`REPRESENTATIVES` at most; the table,
+:data:`TABLE_LEN` int32 float32 bits, 512 bytes): a bucket holding one value then
+gives that value exactly, not a point interpolated inside the bucket, so a discrete
+set of values (GRPO's group-normalized advantages, clipped or binary rewards) gives
+those values. The table lists the float32 bits of the first buckets with values in
+any order, :data:`EMPTY` after them; a part with more such buckets than
+:data:`REPRESENTATIVES` fills it, which says "none kept" (:func:`representatives`).
+
 Values are scaled by ``2**s`` before the float32 conversion only where their
 magnitudes leave float32's normal range (:func:`scale_exponent`): scaling by a power
 of two moves no value across a bucket edge, so ``s`` changes no bucket.
@@ -53,20 +62,26 @@ import numpy as np
 import torch
 
 __all__ = [
+    "EMPTY",
     "HIST_LEN",
     "MANTISSA_BITS",
     "RELATIVE_BUCKET_WIDTH",
+    "REPRESENTATIVES",
+    "TABLE_LEN",
     "WINDOW",
     "HostPart",
     "Part",
+    "PositionMaxima",
     "bucket_edges",
     "canonical_top",
     "fold_positions",
     "highest_position",
     "host_positions",
     "recentered_sums",
+    "representatives",
     "scale_exponent",
     "top_position",
+    "window_slices",
 ]
 
 #: Mantissa bits that choose a bucket inside a power of two: 128 buckets per octave.
@@ -81,6 +96,13 @@ WINDOW = WINDOW_OCTAVES * _PER_OCTAVE
 #: The histogram's length: both signs' windows, their tiny buckets, zero, and a padding bucket (always 0).
 HIST_LEN = 2 * WINDOW + 4
 _NEGATIVE_TINY, _ZERO, _POSITIVE_TINY, _PAD = WINDOW, WINDOW + 1, WINDOW + 2, HIST_LEN - 1
+
+#: Buckets whose representative (the value of largest magnitude in it) a part keeps, where no more hold values.
+REPRESENTATIVES = 127
+#: The representatives' table: their float32 bits as int32, then :data:`EMPTY`; full (no EMPTY) = none kept.
+TABLE_LEN = REPRESENTATIVES + 1
+#: An unused table entry: int32's least value, the bits of -0.0, which no bucket but zero's holds.
+EMPTY = -(1 << 31)
 
 #: A float32's bits shifted right by 16: sign, exponent and top 7 mantissa bits, 0 to 65535.
 FULL_POSITIONS = 1 << 16
@@ -113,7 +135,7 @@ class Part:
     with weight 0 is not valid, weight ``w`` counts it ``w`` times (a row of a
     zero-stride expand view stands for its valid tokens).
 
-    ``kind == "sketch"``: ``tensors == (scalars, histogram)`` in the layout above.
+    ``kind == "sketch"``: ``tensors == (scalars, histogram, table)`` in the layout above.
     """
 
     kind: Literal["exact", "sketch"]
@@ -215,6 +237,99 @@ def fold_positions(counts: torch.Tensor, highest: int, zeros_to_drop: int = 0) -
     out[_POSITIVE_TINY] = positive[1:lowest].sum()
     out[_POSITIVE_TINY + 1 : _PAD] = positive[lowest : highest + 1]
     return out.to(torch.int32)
+
+
+#: Values a CPU block's sample holds (:class:`PositionMaxima`).
+_SAMPLE = 2048
+
+
+def window_slices(highest: int) -> tuple[slice, slice]:
+    """The biased positions of a part's negative and positive window buckets (``highest``: its top's)."""
+    lowest = highest - WINDOW + 1
+    return slice(_SIGN + lowest, _SIGN + highest + 1), slice(lowest, highest + 1)
+
+
+class PositionMaxima:
+    """The largest float32 bits (the value of largest magnitude) at each biased position, on the CPU paths.
+
+    Kept only while few positions hold values: once more than :data:`REPRESENTATIVES` do (besides zero's
+    two), no table can be made and :meth:`add` stops scattering (continuous data pays one check). If the
+    part's window then holds few after all (the rest fell below it), :meth:`table` has the values added
+    again through ``redo``.
+
+    Example:
+        >>> maxima = PositionMaxima()
+        >>> values = torch.tensor([1.5, 1.5, -2.0, 3.0])
+        >>> maxima.add(cpu_positions(values), values.view(torch.int32))
+        >>> counts = torch.bincount(cpu_positions(values).long(), minlength=FULL_POSITIONS)
+        >>> sorted(representatives(maxima.table(counts, highest_position(3.0, 0)).numpy(), 0).tolist())
+        [-2.0, 1.5, 3.0]
+    """
+
+    def __init__(self) -> None:
+        self.bits = torch.full((FULL_POSITIONS,), EMPTY, dtype=torch.int32)
+        self.gave_up = False
+        self._redoing = False  # adding everything again: never give up
+        self._index: torch.Tensor | None = None
+
+    def add(self, positions: torch.Tensor, bits: torch.Tensor, counts: torch.Tensor | None = None) -> None:
+        """Values' positions (any int dtype) and float32 bits (int32); ``counts`` per position so far, if known,
+        lets a part with many positions give up before scattering."""
+        if self.gave_up or (counts is not None and not self._redoing and self._too_many(counts)):
+            self.gave_up = True
+            return
+        positions, bits = positions.reshape(-1), bits.reshape(-1)
+        if counts is None and not self._redoing:
+            # Without counts, a sample first: if a 64th of the values holds too many positions, so do they all
+            # (a continuous block costs a scatter of 2,048 values, not of 131,072).
+            stride = max(1, positions.numel() // _SAMPLE)
+            self._scatter(positions[::stride], bits[::stride])
+            if self._too_many(self.bits != EMPTY):
+                self.gave_up = True
+                return
+        self._scatter(positions, bits)
+        if counts is None and not self._redoing and self._too_many(self.bits != EMPTY):
+            self.gave_up = True
+
+    def _scatter(self, positions: torch.Tensor, bits: torch.Tensor) -> None:
+        size = positions.numel()
+        if self._index is None or self._index.numel() < size:
+            self._index = torch.empty(size, dtype=torch.int64)  # reused: scatter wants int64, once per block
+        index = self._index[:size].copy_(positions)
+        self.bits.scatter_reduce_(0, index, bits, "amax")
+
+    @staticmethod
+    def _too_many(held: torch.Tensor) -> bool:
+        return int(torch.count_nonzero(held)) > REPRESENTATIVES + 2  # +-0 may be two of them
+
+    def table(self, counts: torch.Tensor, highest: int, redo=None) -> torch.Tensor:
+        """The part's table (:data:`TABLE_LEN` int32) for its final ``counts`` per position and top.
+
+        ``redo(maxima)`` adds every value again (scaled as counted) where :meth:`add` gave up too early.
+        """
+        negative, positive = window_slices(highest)
+        held = torch.count_nonzero(counts[negative]) + torch.count_nonzero(counts[positive])
+        if int(held) > REPRESENTATIVES:
+            return torch.zeros(TABLE_LEN, dtype=torch.int32)  # full: none kept
+        if self.gave_up:
+            self.bits.fill_(EMPTY)
+            self.gave_up, self._redoing = False, True
+            redo(self)
+            self._redoing = False
+        bits = torch.cat([self.bits[negative].flip(0), self.bits[positive]])
+        kept = bits[bits != EMPTY]
+        table = torch.full((TABLE_LEN,), EMPTY, dtype=torch.int32)
+        table[: kept.numel()] = kept
+        return table
+
+
+def representatives(table: np.ndarray, scale: int) -> np.ndarray | None:
+    """A part's representatives as float64 values (unscaled), or ``None`` if it kept none (a full table)."""
+    table = np.asarray(table, dtype=np.int32)
+    if table[-1] != EMPTY:
+        return None
+    bits = table[table != EMPTY]
+    return np.ldexp(bits.view(np.float32).astype(np.float64), -scale)
 
 
 def bucket_edges(top: int, index: int) -> tuple[float, float, float]:

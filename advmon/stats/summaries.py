@@ -47,6 +47,7 @@ from advmon.stats.sketch_format import (
     _TOP,
     _ZERO,
     HIST_LEN,
+    REPRESENTATIVES,
     WINDOW,
     HostPart,
     Part,
@@ -55,6 +56,7 @@ from advmon.stats.sketch_format import (
     host_positions,
     lower_edges,
     recentered_sums,
+    representatives,
     scale_exponent,
     shifted_histogram,
     top_position,
@@ -236,7 +238,7 @@ def _sketch_summary_and_histogram(
         abs_mean=float(totals[_ABSSUM] / n),
     )
     top, counts = _merged_histogram(parts, low, high)
-    summary.update(_histogram_percentiles(n, counts, top, low, high))
+    summary.update(_histogram_percentiles(n, counts, top, low, high, _merged_representatives(parts, top, low, high)))
     return summary, (top, counts)
 
 
@@ -274,7 +276,7 @@ def _merged_histogram(parts: list[HostPart], low: float, high: float) -> tuple[i
     counts = np.zeros(HIST_LEN)
     for part in parts:
         if part.kind == "sketch":
-            scalars, histogram = part.arrays
+            scalars, histogram = part.arrays[:2]
             if scalars[_N_FINITE] > 0:
                 counts += shifted_histogram(histogram, top - canonical_top(int(scalars[_TOP]), int(scalars[_SCALE])))
         else:
@@ -283,6 +285,42 @@ def _merged_histogram(parts: list[HostPart], low: float, high: float) -> tuple[i
             counts += np.bincount(_bucket_indices(values[finite], top, scale_exponent(largest)),
                                   weights=weights[finite], minlength=HIST_LEN)
     return top, counts
+
+
+def _merged_representatives(parts: list[HostPart], top: int, low: float, high: float) -> np.ndarray | None:
+    """Each regular bucket's representative (its value of largest magnitude; NaN where empty) in the merged window,
+    or ``None`` where a part kept none or more than :data:`REPRESENTATIVES` buckets hold values.
+
+    Parts merge as the counts do: each bucket's representative is the largest magnitude any part has for it,
+    and what falls below the merged window (its tiny buckets) has none, as in one call on all the values.
+    """
+    candidates = []
+    for part in parts:
+        if part.kind == "sketch":
+            scalars, _, table = part.arrays
+            if scalars[_N_FINITE] == 0:
+                continue
+            values = representatives(table, int(scalars[_SCALE]))
+            if values is None:
+                return None
+        else:
+            values, weights = part.arrays
+            values = values[(weights > 0) & np.isfinite(values) & (values != 0)]
+        candidates.append(values)
+    if not candidates:
+        return None
+    values = np.concatenate(candidates)
+    index = _bucket_indices(values, top, scale_exponent(max(-low, high)))
+    regular = (index < _NEGATIVE_TINY) | ((index > _POSITIVE_TINY) & (index < _PAD))
+    values, index = values[regular], index[regular]
+    if values.size == 0 or np.unique(index).size > REPRESENTATIVES:
+        return None  # nothing but zero and tiny values, or too many buckets
+    order = np.lexsort((np.abs(values), index))  # by bucket, then magnitude: each bucket's last is its largest
+    values, index = values[order], index[order]
+    last = np.append(index[1:] != index[:-1], True)
+    merged = np.full(HIST_LEN, np.nan)
+    merged[index[last]] = values[last]
+    return merged
 
 
 def _bucket_indices(values: np.ndarray, top: int, scale: int) -> np.ndarray:
@@ -297,12 +335,17 @@ def _bucket_indices(values: np.ndarray, top: int, scale: int) -> np.ndarray:
     return np.where((biased & (_SIGN - 1)) == 0, _ZERO, index)
 
 
-def _histogram_percentiles(n: float, counts: np.ndarray, top: int, low: float, high: float) -> dict[str, float]:
+def _histogram_percentiles(n: float, counts: np.ndarray, top: int, low: float, high: float,
+                           representative: np.ndarray | None = None) -> dict[str, float]:
     """NumPy's linear percentiles with each order statistic read inside its bucket.
 
     The rank's bucket, narrowed to ``[min, max]``, holds the order statistic; the estimate is interpolated
     by rank inside it, so it is within the bucket's width (at most 1/128 of its lower edge) of the true
     value. Zero's bucket gives exactly 0. The ten order statistics are read at once.
+
+    With ``representative`` (few buckets hold values), a bucket's value of largest magnitude bounds it on
+    that side; where the bucket's other side is unknown (the data's extreme is not in it) the estimate is
+    that value itself: exact for a bucket holding one value, still within the bucket for more.
     """
     cumulative = np.cumsum(counts)
     lower, upper = bucket_bounds(top)
@@ -312,7 +355,16 @@ def _histogram_percentiles(n: float, counts: np.ndarray, top: int, low: float, h
     b = np.searchsorted(cumulative, ranks, side="right")
     before = np.where(b > 0, cumulative[np.maximum(b - 1, 0)], 0.0)
     left, right = np.maximum(lower[b], low), np.minimum(upper[b], high)
+    if representative is not None:
+        held = representative[b]
+        kept = ~np.isnan(held)
+        positive = b > _ZERO
+        right = np.where(kept & positive, np.minimum(right, held), right)  # the largest in a positive bucket
+        left = np.where(kept & ~positive, np.maximum(left, held), left)  # the most negative in a negative one
+        snap = kept & np.where(positive, low < lower[b], high > upper[b])  # its side toward zero is unknown
     estimate = np.minimum(np.maximum(left + (ranks - before + 0.5) / counts[b] * (right - left), left), right)
+    if representative is not None:
+        estimate = np.where(snap, held, estimate)
     estimate = np.where(b == _ZERO, 0.0, estimate)
     estimate = np.where(ranks <= 0, low, np.where(ranks >= n - 1, high, estimate))
     statistics = estimate.tolist()

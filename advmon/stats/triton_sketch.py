@@ -10,14 +10,17 @@ kernel that reduces the blocks' results in a fixed order:
 2. ``_finalize_range_kernel``: the totals, the moment center, and the scale and
    top bucket by the rule of :func:`~advmon.stats.sketch_format.scale_exponent` and
    :func:`~advmon.stats.sketch_format.top_position` (``frexp`` done on the float64
-   bits); it also zeroes the histogram.
+   bits); it also zeroes the histogram and empties the buckets' maxima and the table.
 3. ``_moments_bins_kernel``: per block, the float64 sums of ``x - center`` and
    its square, and each value's bucket (read from the high half of its float32
    bits, then placed in the part's window) added to the global int32 histogram
-   with an atomic add (integer atomics: the counts do not depend on their order).
+   with an atomic add (integer atomics: the counts do not depend on their order),
+   and its float32 bits to the bucket's maximum with an atomic max (the bucket's
+   value of largest magnitude, its representative).
    A per-block ``tl.histogram`` of the part's 16,131 buckets would need 16,384
    bins: AMD's compiler took more than five minutes over it.
-4. ``_finalize_moments_kernel``: the moments' totals.
+4. ``_finalize_moments_kernel``: the moments' totals, and the representatives'
+   table: the first :data:`~advmon.stats.sketch_format.TABLE_LEN` buckets' maxima.
 
 Values are read where they lie (any strides, an expand view included), in any
 float dtype, and computed in float64; masks of any dtype count where ``> 0``.
@@ -43,7 +46,9 @@ from advmon.stats.sketch_format import (
     _POSITIVE_TINY,
     _SMALLEST_UNSCALED_EXPONENT,
     _ZERO,
+    EMPTY,
     HIST_LEN,
+    TABLE_LEN,
     WINDOW,
     Part,
 )
@@ -88,6 +93,8 @@ def triton_part(values: torch.Tensor, valid: torch.Tensor | None = None) -> Part
     moments = torch.empty((programs, 2), dtype=torch.float64, device=device)
     scalars = torch.empty(12, dtype=torch.float64, device=device)
     histogram = torch.empty(HIST_LEN, dtype=torch.int32, device=device)
+    maxima = torch.empty(HIST_LEN, dtype=torch.int32, device=device)  # each bucket's largest float32 bits
+    table = torch.empty(TABLE_LEN, dtype=torch.int32, device=device)
     mask = valid if valid is not None else values
     reading = dict(
         count=count,
@@ -102,13 +109,16 @@ def triton_part(values: torch.Tensor, valid: torch.Tensor | None = None) -> Part
     )
     _range_kernel[(programs,)](values, mask, partials, **reading, **_OPTIONS)
     _finalize_range_kernel[(1,)](
-        partials, programs, scalars, histogram, HIST_LEN=HIST_LEN, REDUCE=_REDUCE, **_WINDOW_CONSTANTS, **_OPTIONS,
+        partials, programs, scalars, histogram, maxima, table, HIST_LEN=HIST_LEN, TABLE_LEN=TABLE_LEN, EMPTY=EMPTY,
+        REDUCE=_REDUCE, **_WINDOW_CONSTANTS, **_OPTIONS,
     )
     _moments_bins_kernel[(programs,)](
-        values, mask, scalars, moments, histogram, **reading, HIST_LEN=HIST_LEN, **_WINDOW_CONSTANTS, **_OPTIONS,
+        values, mask, scalars, moments, histogram, maxima, **reading, HIST_LEN=HIST_LEN, **_WINDOW_CONSTANTS,
+        **_OPTIONS,
     )
-    _finalize_moments_kernel[(1,)](moments, programs, scalars, REDUCE=_REDUCE, **_OPTIONS)
-    return Part("sketch", (scalars, histogram))
+    _finalize_moments_kernel[(1,)](moments, programs, scalars, maxima, table, HIST_LEN=HIST_LEN, TABLE_LEN=TABLE_LEN,
+                                   EMPTY=EMPTY, REDUCE=_REDUCE, **_OPTIONS)
+    return Part("sketch", (scalars, histogram, table))
 
 
 @triton.jit
@@ -147,7 +157,8 @@ def _range_kernel(values, mask, partials, count, cols, v_row, v_col, m_row, m_co
 
 
 @triton.jit
-def _finalize_range_kernel(partials, programs, scalars, histogram, HIST_LEN: tl.constexpr, REDUCE: tl.constexpr,
+def _finalize_range_kernel(partials, programs, scalars, histogram, maxima, table, HIST_LEN: tl.constexpr,
+                           TABLE_LEN: tl.constexpr, EMPTY: tl.constexpr, REDUCE: tl.constexpr,
                            WINDOW: tl.constexpr, BIAS: tl.constexpr, PER_OCTAVE: tl.constexpr,
                            LOWEST_EXPONENT: tl.constexpr, HIGHEST_EXPONENT: tl.constexpr,
                            NEGATIVE_TINY: tl.constexpr, ZERO: tl.constexpr, POSITIVE_TINY: tl.constexpr):
@@ -192,10 +203,12 @@ def _finalize_range_kernel(partials, programs, scalars, histogram, HIST_LEN: tl.
     for start in range(0, HIST_LEN, REDUCE):
         at = start + lanes
         tl.store(histogram + at, tl.zeros([REDUCE], dtype=tl.int32), mask=at < HIST_LEN)
+        tl.store(maxima + at, tl.full([REDUCE], EMPTY, dtype=tl.int32), mask=at < HIST_LEN)
+    tl.store(table + lanes, tl.full([REDUCE], EMPTY, dtype=tl.int32), mask=lanes < TABLE_LEN)
 
 
 @triton.jit
-def _moments_bins_kernel(values, mask, scalars, moments, histogram, count, cols, v_row, v_col, m_row, m_col,
+def _moments_bins_kernel(values, mask, scalars, moments, histogram, maxima, count, cols, v_row, v_col, m_row, m_col,
                          HAS_MASK: tl.constexpr, FLAT: tl.constexpr, BLOCK: tl.constexpr, HIST_LEN: tl.constexpr,
                          WINDOW: tl.constexpr, BIAS: tl.constexpr, PER_OCTAVE: tl.constexpr,
                          LOWEST_EXPONENT: tl.constexpr, HIGHEST_EXPONENT: tl.constexpr,
@@ -218,10 +231,13 @@ def _moments_bins_kernel(values, mask, scalars, moments, histogram, count, cols,
     index = tl.where(bits < 0, negative_index, positive_index)
     index = tl.where(magnitude == 0, ZERO, index)
     tl.atomic_add(histogram + index, tl.full([BLOCK], 1, dtype=tl.int32), mask=usable)
+    # Each window bucket's largest bits (its value of largest magnitude), for the representatives' table.
+    tl.atomic_max(maxima + index, bits, mask=usable & in_window & (magnitude != 0))
 
 
 @triton.jit
-def _finalize_moments_kernel(moments, programs, scalars, REDUCE: tl.constexpr):
+def _finalize_moments_kernel(moments, programs, scalars, maxima, table, HIST_LEN: tl.constexpr,
+                             TABLE_LEN: tl.constexpr, EMPTY: tl.constexpr, REDUCE: tl.constexpr):
     lanes = tl.arange(0, REDUCE)
     first = tl.zeros([REDUCE], dtype=tl.float64)
     second = tl.zeros([REDUCE], dtype=tl.float64)
@@ -233,6 +249,15 @@ def _finalize_moments_kernel(moments, programs, scalars, REDUCE: tl.constexpr):
         second += tl.load(row + 1, mask=live, other=0.0)
     tl.store(scalars + 8, tl.sum(first, axis=0))
     tl.store(scalars + 9, tl.sum(second, axis=0))
+    # The table: the first TABLE_LEN buckets with a value, in the histogram's order (EMPTY after them).
+    taken = 0
+    for start in range(0, HIST_LEN, REDUCE):
+        at = start + lanes
+        bits = tl.load(maxima + at, mask=at < HIST_LEN, other=EMPTY)
+        held = bits != EMPTY
+        rank = taken + tl.cumsum(held.to(tl.int32), axis=0) - 1
+        tl.store(table + rank, bits, mask=held & (rank < TABLE_LEN))
+        taken += tl.sum(held.to(tl.int32), axis=0)
 
 
 @triton.jit
