@@ -156,15 +156,18 @@ def test_chunks_merge_into_one_part(monkeypatch):
 
 
 def test_rows_longer_than_a_chunk_are_counted_exactly(monkeypatch):
-    """A row of more values than a chunk holds is a chunk of its own; the chunks share the part's maxima."""
+    """A row of more values than histc counts exactly in float32 is still one chunk: its bins are sorted instead.
+    The chunks share the part's maxima: each of a few values comes back exactly."""
     from advmon.stats import device_sketch as module
 
     values = torch.from_numpy(np.random.default_rng(22).standard_normal((2, 300)))
-    values[:, :40] = 1.0  # a bin holding many values
+    values[:, :40] = 1.0  # a bin holding more values than the (lowered) float32 limit
     monkeypatch.setattr(module, "CHUNK_ELEMENTS", 100)
+    monkeypatch.setattr(module, "_HISTC_EXACT", 30)
     with Dispatched() as seen:
         part = device_part(values)
-    assert seen.ops.count("index_add_") == 2 and seen.ops.count("scatter_reduce_") == 2  # two chunks of one row each
+    assert "histc" not in seen.ops and seen.ops.count("sort") == 2  # two chunks of one row each
+    assert seen.ops.count("scatter_reduce_") == 2
     assert_same_sketch(part, general_part(values, torch.ones(values.shape)))
     few = values.clone()
     few[0, 40:], few[1, 40:] = 2.5, -0.375  # three values: each comes back exactly
@@ -172,14 +175,14 @@ def test_rows_longer_than_a_chunk_are_counted_exactly(monkeypatch):
 
 
 def test_deterministic_mode_counts_bins_by_sorting():
-    """index_add_ may have no deterministic CUDA kernel: under use_deterministic_algorithms the bins are sorted."""
+    """torch.histc has no deterministic CUDA kernel: under use_deterministic_algorithms the bins are sorted."""
     rng = np.random.default_rng(21)
     values = torch.from_numpy(rng.standard_normal((200, 400))).float()
     mask = torch.from_numpy(rng.random((200, 400)) < 0.5)
     usual = device_part(values, mask)
     with deterministic_algorithms(), Dispatched() as seen:
         sorted_bins = device_part(values, mask)
-    assert "index_add_" not in seen.ops and "sort" in seen.ops
+    assert "histc" not in seen.ops and "sort" in seen.ops
     assert torch.equal(usual.tensors[1], sorted_bins.tensors[1])
 
 
@@ -190,7 +193,7 @@ def test_a_whole_call_uses_no_op_that_deterministic_mode_refuses_on_cuda(sink):
     class Refusals(Dispatched):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func.__name__.split(".")[0]
-            if name in ("histc", "index_add_") or (name == "cumsum" and (args[0].is_floating_point() or
+            if name == "histc" or (name == "cumsum" and (args[0].is_floating_point() or
                                                          (kwargs or {}).get("dtype") in (torch.float32, torch.float64))):
                 refused.append(name)
             return super().__torch_dispatch__(func, types, args, kwargs)

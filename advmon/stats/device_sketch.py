@@ -13,10 +13,10 @@ once and never looks at a value:
 3. **Moments and buckets.** A second pass sums the deviations from the range's
    midpoint and their squares in float64 and reads every usable value's bucket
    position from the high half of its float32 bits. Positions are counted by
-   ``index_add_`` of ones (int32 atomics: exact), or, where torch is asked for
-   deterministic algorithms, by sorting them and ``searchsorted``; no float64
-   atomics either way. The 65,536 counts are folded into the part's window with a
-   few small ops (:func:`_folded`). Each position's largest float32 bits (its value
+   ``torch.histc`` (exact: a chunk holds at most ``2**24`` values), or, where torch
+   is asked for deterministic algorithms, by sorting them and ``searchsorted``; no
+   float64 atomics either way. The 65,536 counts are folded into the part's window
+   with a few small ops (:func:`_folded`). Each position's largest float32 bits (its value
    of largest magnitude) are kept by one ``scatter_reduce_``; the window's are the
    part's representatives' table (:func:`_table`: a gather and a ``topk``).
 
@@ -56,8 +56,9 @@ from advmon.stats.sketch_format import (
 
 __all__ = ["CHUNK_ELEMENTS", "device_part"]
 
-#: Values per chunk: the float64 temporaries stay a few hundred MiB.
+#: Values per chunk: ``torch.histc``'s float32 counts stay exact up to ``2**24``.
 CHUNK_ELEMENTS = 1 << 24
+_HISTC_EXACT = 1 << 24  # the most values histc may count in float32
 
 
 def device_part(values: torch.Tensor, valid: torch.Tensor | None = None, weights: torch.Tensor | None = None) -> Part:
@@ -223,10 +224,9 @@ class _Chunk:
         narrow = (self.values * window.factor).to(torch.float32).masked_fill_(unusable, math.inf)
         bits = narrow.reshape(-1).view(torch.int32)
         high_halves = bits.view(torch.int16).view(-1, 2)[:, 1].view(torch.uint16)  # the sign's half
-        positions = high_halves.to(torch.int64)
-        maxima.scatter_reduce_(0, positions, bits, "amax")  # the largest magnitude: bits order |x| at a position
+        maxima.scatter_reduce_(0, high_halves.to(torch.int64), bits, "amax")  # the bits order |x| at a position
         weights = None if self.weights is None else self.weights.reshape(-1)
-        return sums, _bin_counts(positions, weights)
+        return sums, _bin_counts(high_halves.to(torch.float32), weights)
 
 
 def _table(maxima: torch.Tensor, window: Window) -> torch.Tensor:
@@ -262,18 +262,18 @@ _WINDOW_POSITIONS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _bin_counts(index: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """int32 counts of int64 bin indices in ``[0, FULL_POSITIONS)`` (a sketch's counts: see ``_folded``).
+    """int32 counts of whole-number bin indices in ``[0, FULL_POSITIONS)`` (a sketch's counts: see ``_folded``).
 
-    Counted by ``index_add_`` of ones (integer atomics on CUDA: exact, in any order). With
-    weights, and under ``torch.use_deterministic_algorithms`` (``index_add_`` has no
-    deterministic CUDA kernel), the indices are sorted and counted by ``searchsorted``
-    at the bin edges instead.
+    ``histc``'s float32 counts are exact for a chunk of at most ``2**24`` values.
+    For longer chunks, for weights, and under ``torch.use_deterministic_algorithms``
+    (``histc`` has no deterministic CUDA kernel), the indices are sorted and counted
+    by ``searchsorted`` at the bin edges instead.
     """
-    if weights is None and not torch.are_deterministic_algorithms_enabled():
-        counts = torch.zeros(FULL_POSITIONS, dtype=torch.int32, device=index.device)
-        return counts.index_add_(0, index, _ones(index.device).expand(index.numel()))
+    exact_in_float32 = index.numel() <= _HISTC_EXACT  # a chunk can be longer: one row of more values than that
+    if weights is None and exact_in_float32 and not torch.are_deterministic_algorithms_enabled():
+        return torch.histc(index, bins=FULL_POSITIONS, min=0, max=FULL_POSITIONS).to(torch.int32)
     ordered, order = torch.sort(index)
-    edges = torch.arange(FULL_POSITIONS + 1, dtype=torch.int64, device=index.device)
+    edges = torch.arange(FULL_POSITIONS + 1, dtype=torch.float32, device=index.device).sub_(0.5)
     below = torch.searchsorted(ordered, edges)
     if weights is None:
         return below.diff().to(torch.int32)
@@ -281,13 +281,3 @@ def _bin_counts(index: torch.Tensor, weights: torch.Tensor | None) -> torch.Tens
     cumulative = torch.cat([order.new_zeros(1), torch.cumsum(weights[order].to(torch.int64), 0)])
     return cumulative[below].diff().to(torch.int32)
 
-
-def _ones(device: torch.device) -> torch.Tensor:
-    """A one-element int32 ``1`` on ``device``, expanded (a view: no op) to count positions. Made once per device."""
-    one = _ONES.get(device)
-    if one is None:
-        one = _ONES[device] = torch.ones(1, dtype=torch.int32, device=device)
-    return one
-
-
-_ONES: dict[torch.device, torch.Tensor] = {}
