@@ -7,6 +7,8 @@ mixtures of scales, far modes, tiny values, near-constant values and GRPO's disc
 under any mask. Below 65,536 entries they stay exact. The CPU's general and prefix-mask sketches, the
 pure-torch device path and the Triton kernels (in their interpreter here) write the same buckets; parts of
 one step merge into the sketch of the concatenated batch. The range-based sketch this replaced fails them.
+A discrete set of values (GRPO's group-normalized advantages, binary or clipped rewards) gives those values,
+bit for bit, on every path: a sketch keeps each bucket's value of largest magnitude where few buckets hold values.
 """
 
 from __future__ import annotations
