@@ -31,11 +31,11 @@ most groups' rewards all equal.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import math
 import os
+import pickle
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -138,6 +138,13 @@ class Batch:
     greedy: np.ndarray  #: the greedy response's reward per sample (ReMax's baseline)
     pass_rate: np.ndarray
 
+    def copy(self) -> Batch:
+        """A copy whose arrays the caller may change (``copy.deepcopy`` cost 0.45 ms a step, 17 s over the zoo)."""
+        return dataclasses.replace(self, prompt=self.prompt.copy(),
+                                   components={name: values.copy() for name, values in self.components.items()},
+                                   lengths=self.lengths.copy(), values=self.values.copy(), greedy=self.greedy.copy(),
+                                   pass_rate=self.pass_rate.copy())
+
     @property
     def rewards(self) -> np.ndarray:
         return sum(self.components.values())
@@ -170,7 +177,7 @@ class Policy:
         if key not in _ROLLOUTS:
             policy = Policy(self.case, self.components)
             _ROLLOUTS[key] = [policy._draw(each) for each in range(self.case.steps)]
-        return copy.deepcopy(_ROLLOUTS[key][step])
+        return _ROLLOUTS[key][step].copy()
 
     def _draw(self, step: int) -> Batch:
         case, rng = self.case, self.rng
@@ -332,7 +339,7 @@ def _trl(**settings: Any) -> Callable[[Case, advmon.Monitor], None]:
     return run
 
 
-#: (prompt ids, generations per prompt, ...) -> what TRL's ``_generate_single_turn`` returned for them first.
+#: (prompt ids, generations per prompt, ...) -> what TRL's ``_generate_single_turn`` returned for them first, pickled.
 _TRL_COMPLETIONS: dict[tuple, Any] = {}
 
 
@@ -366,9 +373,9 @@ def _run_trl(case: Case, monitor: advmon.Monitor, settings: dict[str, Any]) -> N
             # trains here, so only the cost of generating them (half of a TRL zoo case) is saved.
             key = (tuple(map(tuple, prompt_ids)), num_generations, images is None, not multimodal_fields)
             if key not in _TRL_COMPLETIONS:
-                _TRL_COMPLETIONS[key] = super()._generate_single_turn(
-                    prompt_ids, images, multimodal_fields, num_generations, *args, **kwargs)
-            return copy.deepcopy(_TRL_COMPLETIONS[key])
+                _TRL_COMPLETIONS[key] = pickle.dumps(super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, *args, **kwargs))
+            return pickle.loads(_TRL_COMPLETIONS[key])  # a fresh copy (deepcopy of these lists: 4x the time)
 
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)
