@@ -447,7 +447,10 @@ def test_patched_methods_keep_their_names_docstrings_and_signatures(sink):
     import advmon.integrations.openrlhf as advmon_openrlhf
     from areal.trainer.ppo.actor import PPOActor
     from tests.nemo_like import GRPOAdvantageEstimator
-    from tests.test_integration_openrlhf import RemoteExperienceMaker
+    from tests import test_integration_openrlhf
+
+    test_integration_openrlhf.import_openrlhf()
+    RemoteExperienceMaker = test_integration_openrlhf.RemoteExperienceMaker
 
     class Estimator(GRPOAdvantageEstimator):
         def compute_advantage(self, prompt_ids, rewards, mask, **kwargs):

@@ -20,15 +20,30 @@ from tests.conftest import ListSink
 from tests.reference import assert_stats_close, bound_ratio, derived_pre_norm, group_stats, value_stats
 from tests.services import require_module
 
-require_module("openrlhf")  # in CI a missing OpenRLHF fails, never skips
-require_module("deepspeed")
-with openrlhf_standins.importing() as STAND_INS:  # gone from sys.modules after: TRL looks for a real vLLM
-    from openrlhf.trainer.ppo_utils.experience import Experience
-    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
-    from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
-    from openrlhf.utils.config import hierarchize
+import advmon.integrations.openrlhf as advmon_openrlhf  # its table of kinds: no OpenRLHF needed
 
-import advmon.integrations.openrlhf as advmon_openrlhf  # noqa: E402
+
+def import_openrlhf() -> None:
+    """OpenRLHF's names in this module, imported when a test first needs them, not when pytest collects the
+    module: with deepspeed and transformers the import costs 5 s of CPU, which every test process collecting the
+    suite paid, whether or not it ran one of these tests (tests/test_edges_frameworks.py borrows ``maker`` and
+    ``experiences``, which call this first)."""
+    global Experience, RemoteExperienceMaker, FixedKLController, hierarchize, STAND_INS
+    if "hierarchize" in globals():
+        return
+    require_module("openrlhf")  # in CI a missing OpenRLHF fails, never skips
+    require_module("deepspeed")
+    with openrlhf_standins.importing() as STAND_INS:  # gone from sys.modules after: TRL looks for a real vLLM
+        from openrlhf.trainer.ppo_utils.experience import Experience
+        from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+        from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+        from openrlhf.utils.config import hierarchize
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _openrlhf() -> None:
+    import_openrlhf()
+
 
 GROUP = 4
 PROMPTS = 5
@@ -43,6 +58,7 @@ RANGE = (0.0, 1.25)
 def maker(estimator: str, per_prompt: int = GROUP, kl: float = 0.01, **changes) -> RemoteExperienceMaker:
     """OpenRLHF's experience maker as its PPOTrainer builds it, with train_ppo_ray's defaults for what the
     advantage step reads (its args are argparse's, made hierarchical by OpenRLHF's own ``hierarchize``)."""
+    import_openrlhf()
     flat = {"rollout.n_samples_per_prompt": per_prompt, "algo.advantage.estimator": estimator,
             "algo.advantage.gamma": 1.0, "algo.advantage.lambd": 1.0, "algo.advantage.no_std_norm": False,
             "algo.kl.init_coef": kl, "reward.clip_range": (-10, 10), "reward.overlong_buffer_len": None,
@@ -56,6 +72,7 @@ def maker(estimator: str, per_prompt: int = GROUP, kl: float = 0.01, **changes) 
 def experiences(seed: int = 0, per_prompt: int = GROUP) -> list[Experience]:
     """A step's micro-batches as make_experience leaves them: samples shuffled across micro-batches of different
     widths (``index``: each sample's place in prompt order), rewards, action masks, KL and a critic's values."""
+    import_openrlhf()
     rng = np.random.default_rng(seed)
     size = PROMPTS * per_prompt
     order = rng.permutation(size)
