@@ -379,8 +379,9 @@ def test_areal_instrumented_again_for_another_monitor_moves_there(sink):
 def test_openrlhf_instrumented_again_for_another_monitor_moves_there(sink):
     require_module("openrlhf")
     import advmon.integrations.openrlhf as advmon_openrlhf
-    from tests.test_integration_openrlhf import experiences, maker
+    from tests.test_integration_openrlhf import experiences, import_openrlhf, maker
 
+    import_openrlhf()  # with its stand-ins for flash-attn and vLLM, before advmon's instrument imports OpenRLHF
     try:
         second = instrument_twice(sink.monitor, advmon_openrlhf.instrument,
                                   lambda: maker("group_norm").compute_advantages_and_returns(experiences(0)))
