@@ -264,7 +264,7 @@ def test_a_sketch_weighs_at_most_64_kib_and_its_histogram_views_still_work():
         assert histogram.numel() == HIST_LEN and table.numel() == TABLE_LEN
         # What crosses: 12 float64 scalars, int32 counts and the table's int32 bits (packed two to a float64).
         weight = scalars.numel() * 8 + HIST_LEN * 4 + TABLE_LEN * 4
-        assert weight == 65_136 and weight <= 64 * 1024
+        assert weight == 65_536 and weight <= 64 * 1024
     summary, shown = summarize_with_histogram([tensor_part(values, None)])
     assert shown.total == values.numel() and len(shown.counts) <= stats.MAX_BINS
     edges = np.array(shown.edges)
@@ -349,7 +349,7 @@ def test_a_float64_discrete_set_gives_its_values_to_float32_rounding():
 def test_more_buckets_than_the_table_holds_fall_back_to_interpolation():
     """With REPRESENTATIVES + 1 buckets holding values no path keeps any: the percentiles are the bound's."""
     rng = np.random.default_rng(33)
-    points = 1.0 + np.arange(REPRESENTATIVES + 1) / 64  # one value every other bucket from 1.0
+    points = 2.0 ** (np.arange(REPRESENTATIVES + 1) / 64)  # one value every other bucket from 1.0 (1.1% apart)
     for count, kept in ((REPRESENTATIVES, True), (REPRESENTATIVES + 1, False)):
         values = torch.from_numpy(rng.choice(points[:count], (SIDE, SIDE)).astype(np.float32))
         for path in PATHS:

@@ -43,7 +43,7 @@ Semantics (the record's contract):
   1/128 of its lower edge wide: every percentile lies between the two order
   statistics NumPy interpolates, each widened by 0.79% of its own magnitude
   (magnitudes below ``2**-63`` of the largest ``|x|`` are within that much of 0);
-  where at most 127 buckets hold values, a percentile that falls on a value is that
+  where at most 227 buckets hold values, a percentile that falls on a value is that
   value (a discrete set of values gives those values).
 
 Example:

@@ -22,7 +22,7 @@ call on all the values).
 
 Where few buckets hold values, a part also keeps each one's *representative*, the
 value of largest magnitude in it (:data:`REPRESENTATIVES` at most; the table,
-:data:`TABLE_LEN` int32 float32 bits, 512 bytes): a bucket holding one value then
+:data:`TABLE_LEN` int32 float32 bits, 912 bytes: the sketch's weight up to 64 KiB): a bucket holding one value then
 gives that value exactly, not a point interpolated inside the bucket, so a discrete
 set of values (GRPO's group-normalized advantages, clipped or binary rewards) gives
 those values. The table lists the float32 bits of the first buckets with values in
@@ -98,7 +98,7 @@ HIST_LEN = 2 * WINDOW + 4
 _NEGATIVE_TINY, _ZERO, _POSITIVE_TINY, _PAD = WINDOW, WINDOW + 1, WINDOW + 2, HIST_LEN - 1
 
 #: Buckets whose representative (the value of largest magnitude in it) a part keeps, where no more hold values.
-REPRESENTATIVES = 127
+REPRESENTATIVES = 227  # GRPO's binary rewards in groups of up to 114: 2 (G - 1) values, and 0
 #: The representatives' table: their float32 bits as int32, then :data:`EMPTY`; full (no EMPTY) = none kept.
 TABLE_LEN = REPRESENTATIVES + 1
 #: An unused table entry: int32's least value, the bits of -0.0, which no bucket but zero's holds.
