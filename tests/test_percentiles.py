@@ -291,7 +291,7 @@ def _discrete_set(kind: str, rng: np.random.Generator, size: int) -> np.ndarray:
     return values.astype(np.float32)
 
 
-DISCRETE = ["grpo-4", "grpo-8", "grpo-16", "clipped", "rewards-0-1", "spread"]
+DISCRETE = ["grpo-4", "grpo-8", "grpo-16", "grpo-64", "clipped", "rewards-0-1", "spread"]
 
 
 def _assert_discrete_percentiles(got: dict, values: np.ndarray) -> None:
