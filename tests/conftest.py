@@ -92,18 +92,36 @@ SLOW_FIRST = (
     "tests/test_mlflow.py::test_exemplars_go_to_json_artifacts_at_troubled_steps_and_every_n",
 )
 #: Modules whose tests share a module-scoped set-up (a Ray cluster; a Prometheus over prepared runs; a page
-#: Chromium drew): each runs on one xdist worker (make test's ``--dist loadgroup``), which sets it up once.
-SHARED_SET_UP = ("tests/test_dashboards.py", "tests/test_integration_ray.py", "tests/test_report_layout.py")
+#: Chromium drew; the demo's boards drawn over a real Prometheus): each runs on one xdist worker, which sets it up
+#: once (make test's ``--dist loadgroup``, scheduled by ``pytest_xdist_make_scheduler`` below).
+SHARED_SET_UP = ("tests/test_dashboards.py", "tests/test_integration_ray.py", "tests/test_report_layout.py",
+                 "tests/test_preview_looks.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slowest tests first, then the shared set-ups, then the rest in their order; a group per shared set-up."""
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        if module in SHARED_SET_UP:
-            item.add_marker(pytest.mark.xdist_group(module))
+    """The slowest tests first, then the shared set-ups, then the rest in their order."""
     items.sort(key=lambda item: 0 if item.nodeid.startswith(SLOW_FIRST) else
                1 if item.nodeid.split("::")[0] in SHARED_SET_UP else 2)  # a stable sort
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` with a group per module of ``SHARED_SET_UP``, every other test a unit of its own.
+
+    xdist's own groups (an ``xdist_group`` mark, which its worker appends to the test's id) are lost on pytest 9:
+    the id is no longer the attribute xdist 3.8 rewrites, so every worker that got one of a module's tests set the
+    module up again (three Ray clusters, four Prometheus set-ups of the dashboards, in one run). This scheduler
+    groups by the ids the workers report, which need nothing rewritten.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class SharedSetUpScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return module if module in SHARED_SET_UP else super()._split_scope(nodeid)
+
+    return SharedSetUpScheduling(config, log)
 
 
 class SettledRecords(list):
