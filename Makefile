@@ -41,8 +41,12 @@ demo: $(CORE_STAMP)
 # 586 s, 6 workers 693 s, each worker's collection and the contention costing more than the waits they fill). loadgroup keeps the
 # tests of a shared set-up (a Ray cluster, a module's Prometheus) on one worker. It ends with the ten
 # slowest tests and the total time; docs/performance.md ("The test suite's time") keeps the per-file times.
+# First the checkout's own modules are byte-compiled (a second), as BYTE_COMPILE does the venv: the suite's few
+# hundred subprocesses (docs snippets, the CLI, fresh interpreters, Ray's workers) import advmon and the test
+# helpers, and with PYTHONDONTWRITEBYTECODE set each would compile them again.
 TEST_WORKERS ?= 4
 test: $(DEV_STAMP) services
+	$(PY) -m compileall -q -j 0 advmon tests benchmarks >/dev/null
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10
 
 # The inner loop (at most 90 s): the tests that need no service, no framework and no subprocess (the engine,
