@@ -10,6 +10,10 @@ import pytest
 # Tiny ops suffer most: a TRL zoo case ran 20x slower with two threads on two busy cores than with one. A
 # test about thread counts sets its own (test_host_half); an OMP_NUM_THREADS of the caller's is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Ray's workers at the suite's own priority (Ray renices them to 15, RAY_worker_niceness): beside three busy
+# test processes on two cores a nice-15 actor got a few percent of a core, and importing torch and verl in it
+# took three minutes, not ten seconds (the Ray tests and the docs' Ray snippet; the processes they start inherit it).
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 import torch  # noqa: E402 - after OMP_NUM_THREADS, which torch reads when it loads
 
