@@ -75,6 +75,7 @@ bench: $(DEV_STAMP)
 	$(PY) benchmarks/bench_stats.py
 	$(PY) benchmarks/bench_emit.py
 	$(PY) benchmarks/bench_busy.py --calls 24
+	$(PY) benchmarks/bench_handover.py
 	$(PY) benchmarks/bench_scaling.py
 	$(PY) benchmarks/bench_device_ops.py
 	$(PY) benchmarks/bench_drilldown.py
