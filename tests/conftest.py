@@ -108,6 +108,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                1 if item.nodeid.split("::")[0] in SHARED_SET_UP else 2)  # a stable sort
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without xdist has no such hook to validate
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadgroup`` with a group per module of ``SHARED_SET_UP``, every other test a unit of its own.
 
