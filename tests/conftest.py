@@ -102,10 +102,16 @@ SHARED_SET_UP = ("tests/test_dashboards.py", "tests/test_integration_ray.py", "t
                  "tests/test_preview_looks.py")
 
 
+def shared_set_up(nodeid: str) -> str | None:
+    """The module of ``SHARED_SET_UP`` a test id belongs to, if any."""
+    module = nodeid.split("::")[0]
+    return module if module in SHARED_SET_UP else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slowest tests first, then the shared set-ups, then the rest in their order."""
     items.sort(key=lambda item: 0 if item.nodeid.startswith(SLOW_FIRST) else
-               1 if item.nodeid.split("::")[0] in SHARED_SET_UP else 2)  # a stable sort
+               1 if shared_set_up(item.nodeid) else 2)  # a stable sort
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without xdist has no such hook to validate
@@ -123,8 +129,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     class SharedSetUpScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::")[0]
-            return module if module in SHARED_SET_UP else super()._split_scope(nodeid)
+            return shared_set_up(nodeid) or super()._split_scope(nodeid)
 
     return SharedSetUpScheduling(config, log)
 

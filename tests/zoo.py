@@ -139,11 +139,15 @@ class Batch:
     pass_rate: np.ndarray
 
     def copy(self) -> Batch:
-        """A copy whose arrays the caller may change (``copy.deepcopy`` cost 0.45 ms a step, 17 s over the zoo)."""
-        return dataclasses.replace(self, prompt=self.prompt.copy(),
-                                   components={name: values.copy() for name, values in self.components.items()},
-                                   lengths=self.lengths.copy(), values=self.values.copy(), greedy=self.greedy.copy(),
-                                   pass_rate=self.pass_rate.copy())
+        """A copy whose arrays the caller may change (``copy.deepcopy`` cost 0.45 ms a step, 17 s over the zoo):
+        every array field, and every array of a dict field, copied; the rest shared."""
+
+        def copied(value: Any) -> Any:
+            if isinstance(value, np.ndarray):
+                return value.copy()
+            return {key: copied(each) for key, each in value.items()} if isinstance(value, dict) else value
+
+        return dataclasses.replace(self, **{f.name: copied(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
     @property
     def rewards(self) -> np.ndarray:
