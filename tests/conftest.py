@@ -134,6 +134,52 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return SharedSetUpScheduling(config, log)
 
 
+def _starts_workers(config: pytest.Config) -> bool:
+    """Whether this is the process that starts xdist workers (make test's), not a worker or a run without them."""
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
+        return False
+    return bool(config.getoption("numprocesses", None)) and os.environ.get("TESTS_ZYGOTE") != "off"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With xdist workers, start a zygote (tests/zygote.py) that loads torch and the frameworks once, for every
+    worker and docs snippet to fork from instead of loading them each (``TESTS_ZYGOTE=off`` does without)."""
+    if _starts_workers(config):
+        from tests.zygote import Zygote
+
+        config._advmon_zygote = Zygote()
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list) -> None:
+    """Each worker a fork of the zygote, once it has loaded its modules; without a zygote, a fresh interpreter."""
+    zygote = getattr(config, "_advmon_zygote", None)
+    if zygote is None:
+        return
+    if not zygote.wait():
+        config._advmon_zygote = None
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:  # slower, never different: say so, and go on without it
+            reporter.write_line(f"tests/zygote.py did not start; workers load everything themselves:\n{zygote.why()}",
+                                yellow=True)
+        return
+    import shlex
+
+    from tests.zygote import command
+
+    os.environ["TESTS_ZYGOTE"] = zygote.socket_path  # for the processes the tests start (tests/zygote.py)
+    for spec in specs:
+        if spec.popen and not spec.python:
+            spec.python = shlex.join(command(zygote.socket_path))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    zygote = getattr(config, "_advmon_zygote", None)
+    if zygote is not None:
+        zygote.stop()
+        os.environ.pop("TESTS_ZYGOTE", None)
+
+
 class SettledRecords(list):
     """A sink's records as a reader after ``monitor.wait()`` sees them: every read first waits for the records
     open monitors are still finishing off the caller's thread (a list kept from before a call stays live)."""

@@ -12,7 +12,6 @@ import math
 import warnings
 import subprocess
 from contextlib import contextmanager
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from advmon.stats.device_sketch import device_part
 from advmon.stats import path_for, statistics_path
 from advmon.observation import tensor_part
 from advmon.stats import summarize, value_part
+from tests import zygote
 
 from .dispatch import Dispatched, largest_allocation
 from .reference import assert_stats_close, value_stats
@@ -306,9 +306,10 @@ def test_the_path_follows_the_device_and_can_be_chosen(monkeypatch):
 
 
 def smoke_run(script: str, tmp_path) -> str:
-    """A benchmark's ``--smoke`` run on the CPU; its output, once it exited cleanly."""
+    """A benchmark's ``--smoke`` run on the CPU; its output, once it exited cleanly (a fork of tests/zygote.py in
+    make test: the script as it runs, without loading torch again)."""
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / script), "--smoke"], capture_output=True,
+    done = subprocess.run([*zygote.command(), str(root / "benchmarks" / script), "--smoke"], capture_output=True,
                           text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout

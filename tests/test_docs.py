@@ -1,7 +1,8 @@
 """Every code block in README.md and docs/ is what it says it is.
 
-A ```python block runs as a file of its own: a fresh interpreter in an empty directory,
-nothing from the page's other blocks. ```yaml and ```json blocks parse. Every ``advmon``
+A ```python block runs as a file of its own: a process of its own in an empty directory,
+nothing from the page's other blocks (in make test, forked from tests/zygote.py, which has
+loaded torch and the frameworks but never advmon). ```yaml and ```json blocks parse. Every ``advmon``
 command line of a ```sh block parses with the CLI's own parser. A block preceded by
 ``<!-- not run: REASON -->`` is an illustration that cannot run anywhere the tests do;
 the page says why.
@@ -16,13 +17,13 @@ import re
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from advmon import cli
+from tests import zygote
 from tests.doc_blocks import PAGES, ROOT, Block, advmon_commands, blocks
 
 CHECKED = {"python", "sh", "yaml", "json", "text"}
@@ -48,7 +49,7 @@ def test_python_block_runs_on_its_own(block: Block, tmp_path):
     script.write_text((OPENRLHF_PRELUDE if block in OPENRLHF_BLOCKS else "") + block.text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ADVMON_")}
     done = subprocess.run(
-        [sys.executable, script.name], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        [*zygote.command(), script.name], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     output = f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-6000:]}"
     assert done.returncode == 0, f"{block.name} exited with {done.returncode}\n{output}"
