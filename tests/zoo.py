@@ -343,8 +343,9 @@ def _trl(**settings: Any) -> Callable[[Case, advmon.Monitor], None]:
     return run
 
 
-#: (prompt ids, generations per prompt, ...) -> what TRL's ``_generate_single_turn`` returned for them first, pickled.
-_TRL_COMPLETIONS: dict[tuple, Any] = {}
+#: (prompts, generations per prompt, completion length, mode) -> what TRL's ``_generate`` returned for them first,
+#: pickled.
+_TRL_ROLLOUTS: dict[tuple, bytes] = {}
 
 
 def _run_trl(case: Case, monitor: advmon.Monitor, settings: dict[str, Any]) -> None:
@@ -371,15 +372,16 @@ def _run_trl(case: Case, monitor: advmon.Monitor, settings: dict[str, Any]) -> N
     current = {"step": 0}
 
     class Broken(GRPOTrainer):  # the advantages TRL computes, broken before the mixin records them
-        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, *args, **kwargs):
-            # The tiny Llama's completions, generated once per prompt batch in a process and replayed after: the
-            # rewards come from the simulated policy (scores above), never from the text, and the model never
-            # trains here, so only the cost of generating them (half of a TRL zoo case) is saved.
-            key = (tuple(map(tuple, prompt_ids)), num_generations, images is None, not multimodal_fields)
-            if key not in _TRL_COMPLETIONS:
-                _TRL_COMPLETIONS[key] = pickle.dumps(super()._generate_single_turn(
-                    prompt_ids, images, multimodal_fields, num_generations, *args, **kwargs))
-            return pickle.loads(_TRL_COMPLETIONS[key])  # a fresh copy (deepcopy of these lists: 4x the time)
+        def _generate(self, prompts):
+            # The tiny Llama's rollouts (prompts tokenized, completions generated and decoded) made once per prompt
+            # list in a process and replayed after: the rewards come from the simulated policy (scores above), never
+            # from the text, and the model never trains here. TRL's own code from the token ids on (padding, the
+            # rewards, their groups, the advantages: what advmon watches) runs at every step; replaying only saves
+            # generating (half of a TRL zoo case) and tokenizing (half of what was left).
+            key = (tuple(prompts), self.num_generations, self.max_completion_length, self.model.training)
+            if key not in _TRL_ROLLOUTS:
+                _TRL_ROLLOUTS[key] = pickle.dumps(super()._generate(prompts))
+            return pickle.loads(_TRL_ROLLOUTS[key])  # a fresh copy (deepcopy of these lists: 4x the time)
 
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)
