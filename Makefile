@@ -51,7 +51,8 @@ test: $(DEV_STAMP) services
 
 # The inner loop (at most 90 s): the tests that need no service, no framework and no subprocess (the engine,
 # the record, the monitor, the catalog, the CLI's parsing), less the few of their files' tests that do and
-# the three large-batch checks, a minute of CPU between them (make test runs every one).
+# the three large-batch checks, a minute of CPU between them (make test runs every one). Without the zygote
+# (tests/zygote.py): loading the frameworks first would take longer than these tests.
 QUICK_TESTS := tests/test_stats.py tests/test_groups.py tests/test_normalization.py tests/test_prefix_sketch.py \
 	tests/test_histograms.py tests/test_exemplars.py tests/test_slices.py tests/test_hooks.py tests/test_monitor.py \
 	tests/test_settings_once.py tests/test_parameter_names.py tests/test_rerun.py tests/test_runbooks.py \
@@ -64,7 +65,7 @@ QUICK_DESELECT := tests/test_cli.py::test_version \
 	tests/test_groups.py::test_group_means_stay_exact_in_a_large_batch \
 	tests/test_prefix_sketch.py::test_prefix_path_matches_numpy_and_the_general_sketch
 test-quick: $(DEV_STAMP)
-	$(PY) -m pytest -n 2 --durations=5 $(QUICK_TESTS) $(addprefix --deselect ,$(QUICK_DESELECT))
+	TESTS_ZYGOTE=off $(PY) -m pytest -n 2 --durations=5 $(QUICK_TESTS) $(addprefix --deselect ,$(QUICK_DESELECT))
 
 # The never-raise / never-lose / never-leak tests (docs/reliability.md); make test runs them too.
 reliability: $(DEV_STAMP) services

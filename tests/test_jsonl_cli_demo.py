@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +13,7 @@ import advmon.cli
 from advmon.cli import main
 from advmon.demo import DemoConfig, run_demo
 from advmon.record import Record
+from tests import zygote
 
 
 def test_jsonl_lines_append_flush_and_read_back(tmp_path):
@@ -131,8 +131,8 @@ def test_cli_errors_are_one_clear_line(tmp_path, capsys):
 
 
 def test_console_script_runs(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "advmon", "demo", "--steps", "3", "--out", str(tmp_path)],
+    done = subprocess.run(  # python -m advmon, forked from tests/zygote.py in make test (torch loaded already)
+        [*zygote.command(), "-m", "advmon", "demo", "--steps", "3", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr
