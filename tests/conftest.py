@@ -135,10 +135,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def _starts_workers(config: pytest.Config) -> bool:
-    """Whether this is the process that starts xdist workers (make test's), not a worker or a run without them."""
+    """Whether this process starts xdist workers (make test's) that may fork from a zygote: not a worker, not a run
+    without workers, and not on a machine with a GPU (CUDA cannot be used in a fork of a process that set it up,
+    and loading the frameworks may)."""
     if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
         return False
-    return bool(config.getoption("numprocesses", None)) and os.environ.get("TESTS_ZYGOTE") != "off"
+    if not config.getoption("numprocesses", None) or os.environ.get("TESTS_ZYGOTE") == "off":
+        return False
+    return not torch.cuda.is_available()
 
 
 def pytest_configure(config: pytest.Config) -> None:
