@@ -10,11 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests import zygote
+from tests.services import wait_for
 
 #: Whether a program runs in a fork: numpy is loaded before the program imports anything.
 FORKED = "import sys; print('forked' if 'numpy' in sys.modules else 'fresh')"
@@ -117,22 +117,19 @@ def test_what_would_load_differently_runs_in_a_fresh_interpreter(socket_path):
     assert zygote.command("") == [sys.executable]  # no zygote: the interpreter itself
 
 
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def test_a_killed_caller_takes_its_program_with_it(socket_path, tmp_path):
     marker = tmp_path / "pid"
     code = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     caller = subprocess.Popen([*zygote.command(socket_path), "-c", code])
-    deadline = time.monotonic() + 30
-    while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    program = int(marker.read_text())
+    program = int(wait_for(lambda: marker.exists() and marker.read_text(), 30, "the program's pid"))
     caller.kill()
     caller.wait(10)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(program, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail(f"program {program} outlived its killed caller")
+    wait_for(lambda: _gone(program), 10, f"program {program} to end with its killed caller")

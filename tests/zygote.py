@@ -116,20 +116,25 @@ def run_client(socket_path: str, args: list[str]) -> None:
 # --------------------------------------------------------------------------- the zygote's side
 
 
+def _options(args: list[str]) -> tuple[set[str], list[str]]:
+    """The leading interpreter options a fork honours (``FLAGS``), and the arguments after them."""
+    index = 0
+    while index < len(args) and args[index] in FLAGS:
+        index += 1
+    return set(args[:index]), list(args[index:])
+
+
 def _refusal(request: dict, environment: dict[str, str], loaded: dict[str, str]) -> str | None:
     """Why ``request`` must run in a fresh interpreter, or ``None`` if a fork runs it as that would.
 
     ``environment`` is the zygote's before it loaded its modules, ``loaded`` what loading them set in it (a
     caller that loaded them too has those values).
     """
-    args = request["args"]
-    index = 0
-    while index < len(args) and args[index] in FLAGS:
-        index += 1
-    if index >= len(args) or (args[index].startswith("-") and args[index] not in ("-c", "-m")):
-        return f"options {args[:index + 1]}"
-    if args[index] in ("-c", "-m") and index + 1 >= len(args):
-        return f"{args[index]} without its argument"
+    _, args = _options(request["args"])
+    if not args or (args[0].startswith("-") and args[0] not in ("-c", "-m")):
+        return f"options {request['args'][:len(request['args']) - len(args) + 1]}"
+    if args[0] in ("-c", "-m") and len(args) < 2:
+        return f"{args[0]} without its argument"
     theirs = request["env"]
     for name in set(theirs) | set(environment):
         if not name.startswith(READ_AT_IMPORT) or theirs.get(name) == environment.get(name):
@@ -220,6 +225,7 @@ def _standard_streams(unbuffered: bool) -> None:
 def become(request: dict, fds: list[int], loaded: dict[str, str]) -> None:
     """Turn this fork into ``python ARGS`` as requested, run it, and exit as the interpreter would."""
     import random
+    import weakref
 
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -230,14 +236,9 @@ def become(request: dict, fds: list[int], loaded: dict[str, str]) -> None:
     os.environ.update(loaded)
     # As the interpreter starts: KeyboardInterrupt on SIGINT, unless the caller's process ignored it.
     signal.signal(signal.SIGINT, signal.SIG_IGN if request["sigint_ignored"] else signal.default_int_handler)
-    args = list(request["args"])
-    flags = set()
-    while args[0] in FLAGS:
-        flags.add(args.pop(0))
+    flags, args = _options(request["args"])
     _standard_streams(unbuffered="-u" in flags)
     sys.dont_write_bytecode = sys.dont_write_bytecode or "-B" in flags
-    import weakref
-
     for finalizer in list(weakref.finalize._registry):  # what the zygote made is the zygote's to clean up
         finalizer.atexit = False
     random.seed()
